@@ -239,9 +239,41 @@ class StatsReply(msgspec.Struct, frozen=True, array_like=True):
 # ---------------------------------------------------------------- broker <-> worker
 
 
+class StateBinding(msgspec.Struct, frozen=True, array_like=True):
+    """One implicit state (``sequence_batching.state``) of one sequence request. The input state
+    is ``input_nbytes`` bytes at ``input_offset`` of the broker's segment ``input_region``,
+    shaped ``shape``: the worker gives it to the model as input ``input_name``. If the model
+    produces output ``output_name``, the worker writes it at ``output_offset`` of
+    ``output_region`` (at most ``capacity`` bytes; more fails the request) and reports it in
+    ``Result.states``; an output state not produced leaves the state as it was. ``dims``: the
+    declared shape of the output (with the batch dim; -1 = any size)."""
+
+    input_name: str
+    output_name: str
+    datatype: str
+    dims: list[int]
+    shape: list[int]
+    input_region: str
+    input_offset: int
+    input_nbytes: int
+    output_region: str
+    output_offset: int
+    capacity: int
+
+
+class WrittenState(msgspec.Struct, frozen=True, array_like=True):
+    """worker -> broker, in a Result: the output state ``output_name`` was written (its shape
+    and size in bytes), so it is the sequence's next input state."""
+
+    output_name: str
+    shape: list[int]
+    nbytes: int
+
+
 class WorkerRequest(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
     """One request inside a Batch, as the worker sees it. ``request_id`` is the broker's
-    execution id (unique across frontends), not the frontend's request id."""
+    execution id (unique across frontends), not the frontend's request id. ``states``: the
+    implicit states of a sequence request (see StateBinding)."""
 
     request_id: int
     inputs: list[TensorRef]
@@ -251,6 +283,7 @@ class WorkerRequest(msgspec.Struct, frozen=True, array_like=True, omit_defaults=
     batch_size: int = 1
     correlation_id: int | str = 0
     flags: int = 0
+    states: list[StateBinding] = []
 
 
 class InlineTensor(msgspec.Struct, frozen=True, array_like=True):
@@ -278,10 +311,13 @@ class Batch(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
 
 
 class Result(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+    """``states``: the output states the worker wrote for this request (implicit state)."""
+
     request_id: int
     outputs: list[TensorRef] = []
     parameters: Params = {}
     error: Error | None = None
+    states: list[WrittenState] = []
 
 
 class BatchTimings(msgspec.Struct, frozen=True, array_like=True):

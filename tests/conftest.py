@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import time
 from collections.abc import Iterator
 
@@ -94,3 +95,15 @@ def no_leftovers() -> Iterator[None]:
         new_segments, new_procs = leftovers()
     assert not new_segments, f"test left shared-memory segments behind: {sorted(new_segments)}"
     assert not new_procs, f"test left shoal processes running: {sorted(new_procs)}"
+
+
+@pytest.fixture
+def shm_prefix() -> Iterator[str]:
+    """A unique segment-name prefix ``/shoal-test-<random>-`` in the real /dev/shm. After the
+    test, anything left under it is removed and the test fails: code under test must clean up."""
+    prefix = f"/shoal-test-{secrets.token_hex(6)}-"
+    yield prefix
+    leftovers = sorted(n for n in os.listdir("/dev/shm") if n.startswith(prefix[1:]))
+    for name in leftovers:
+        os.unlink(os.path.join("/dev/shm", name))
+    assert leftovers == [], f"shared memory leaked: {leftovers}"

@@ -12,6 +12,7 @@ import logging
 import math
 import time
 from collections import defaultdict
+from collections.abc import Mapping
 
 import zmq
 
@@ -36,6 +37,7 @@ from shoal.messages import (
     Lease,
     Message,
     ReleaseLeases,
+    StateBinding,
     StatsReply,
     StatsRequest,
     StreamResponse,
@@ -44,6 +46,7 @@ from shoal.messages import (
     WorkerReady,
     WorkerRequest,
     WorkerShutdown,
+    WrittenState,
     decode,
     encode,
 )
@@ -292,12 +295,21 @@ class BrokerLoop:
             if worker is None or worker.state is not WorkerState.IDLE:
                 continue
             work = runtime.sequence.work_for(index, self.next_batch_id, now)
-            if work is not None:
-                self.send_batch(runtime, worker, work.keys, now, work.rows, work.controls)
+            if work is None:
+                continue
+            if work.error is not None:
+                self.next_batch_id += 1
+                error = Error(work.error.code, work.error.message)
+                for key in work.keys:
+                    self.finish_error(runtime, key, error, "OTHER", now)
+                continue
+            self.send_batch(runtime, worker, work.keys, now, work.rows, work.controls,
+                            work.states)
 
     def send_batch(self, runtime: ModelVersionRuntime, worker: WorkerHandle,
                    keys: list[RequestKey], now: float, rows: list[int] | None = None,
-                   controls: list[InlineTensor] | None = None) -> None:
+                   controls: list[InlineTensor] | None = None,
+                   states: Mapping[RequestKey, list[StateBinding]] | None = None) -> None:
         """Hand these queued requests to an idle worker as one Batch."""
         batch_id = self.next_batch_id
         self.next_batch_id += 1
@@ -312,7 +324,8 @@ class BrokerLoop:
             requests.append(WorkerRequest(
                 request_id=pending.exec_id, inputs=r.inputs, outputs=r.outputs,
                 parameters=r.parameters, client_request_id=r.client_request_id,
-                batch_size=r.batch_size, correlation_id=r.correlation_id, flags=r.flags))
+                batch_size=r.batch_size, correlation_id=r.correlation_id, flags=r.flags,
+                states=states.get(key, []) if states else []))
             runtime.stats.record_queue(int((now - pending.arrival) * 1e9))
         if runtime.orderer is not None:
             runtime.orderer.admit(keys)
@@ -375,7 +388,7 @@ class BrokerLoop:
                         message: BatchResult, now: float) -> None:
         keys = runtime.batches.pop(message.batch_id, [])
         if runtime.sequence is not None:
-            runtime.sequence.done(message.batch_id, now)
+            runtime.sequence.done(message.batch_id, now, written_states(runtime, keys, message))
         if handle.batch_id == message.batch_id:
             handle.state, handle.batch_id = WorkerState.IDLE, None
         by_exec = {r.request_id: r for r in message.results}
@@ -462,7 +475,7 @@ class BrokerLoop:
                       "executing the request")
         keys = runtime.batches.pop(handle.batch_id, []) if handle.batch_id is not None else []
         keys += [runtime.by_exec[e] for e in handle.streams if e in runtime.by_exec]
-        if runtime.sequence is not None:  # its sequences end with it (their state is gone)
+        if runtime.sequence is not None:  # sequences without implicit state end with it
             keys += runtime.sequence.fail_instance(runtime.instances.index(slot),
                                                    handle.batch_id, now)
         for key in keys:
@@ -531,5 +544,21 @@ class BrokerLoop:
             self.on_worker_exit(identity)
 
     def close(self) -> None:
+        for runtime in self.models.runtimes():
+            if runtime.sequence is not None:
+                runtime.sequence.close()
         self.frontends.close(linger=0)
         self.workers.close(linger=0)
+
+
+def written_states(runtime: ModelVersionRuntime, keys: list[RequestKey], message: BatchResult
+                   ) -> dict[RequestKey, list[WrittenState]]:
+    """The output states each successful request of a sequence batch wrote."""
+    by_exec = {r.request_id: r for r in message.results if r.states and r.error is None}
+    written: dict[RequestKey, list[WrittenState]] = {}
+    for key in keys:
+        pending = runtime.requests.get(key)
+        result = by_exec.get(pending.exec_id) if pending is not None else None
+        if result is not None:
+            written[key] = result.states
+    return written

@@ -20,7 +20,9 @@ from shoal.broker.schedulers.default import DefaultScheduler
 from shoal.broker.schedulers.dynamic import DynamicBatcher, DynamicBatcherConfig
 from shoal.broker.schedulers.ordering import ResponseOrderer
 from shoal.broker.sequence_scheduling import SequenceScheduling
+from shoal.broker.state_store import store_factory
 from shoal.broker.stats import ModelVersionStats
+from shoal.errors import unsupported
 from shoal.messages import InferRequest, InferResponse, ModelVersionInfo, ModelVersionState
 from shoal.model_config import (
     backend_name,
@@ -30,6 +32,7 @@ from shoal.model_config import (
     platform_name,
     tensor_specs,
 )
+from shoal.settings import Settings
 
 _MAX_LOAD_FAILURES = 5
 
@@ -165,7 +168,9 @@ class ModelVersionRuntime:
         return slot.failures >= _MAX_LOAD_FAILURES
 
 
-def build_runtime(source: ModelSource, version: int) -> ModelVersionRuntime:
+def build_runtime(source: ModelSource, version: int, settings: Settings, serial: int = 0
+                  ) -> ModelVersionRuntime:
+    """``serial``: unique per runtime of this broker (names its state segments)."""
     import orjson
 
     config = source.config
@@ -179,8 +184,14 @@ def build_runtime(source: ModelSource, version: int) -> ModelVersionRuntime:
         orderer = None
     instances = [InstanceSlot(name, kind, device_id)
                  for name, kind, device_id, _group in instance_names(config)]
-    sequence = (SequenceScheduling(config, len(instances))
-                if config.HasField("sequence_batching") else None)
+    sequence = None
+    if config.HasField("sequence_batching"):
+        if config.sequence_batching.state and is_decoupled(config):
+            raise unsupported(f"model '{config.name}': implicit sequence state ('state' in "
+                              "sequence_batching) is not supported for decoupled models")
+        states = store_factory(config, source.model_dir, f"{settings.segment_prefix}st{serial}-",
+                               settings.shm_segment_bytes, settings.shm_arena_max_bytes)
+        sequence = SequenceScheduling(config, len(instances), states)
     return ModelVersionRuntime(
         source=source, version=version,
         config_json_text=orjson.dumps(config_to_json(config)).decode(),

@@ -3,6 +3,7 @@ read-only views pushed to frontends (DESIGN §1: the broker owns repository stat
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import subprocess
@@ -60,6 +61,7 @@ class ModelManager:
         self.sources: dict[str, ModelSource] = {}
         self.failed: dict[str, str] = {}
         self._runtimes: dict[tuple[str, int], ModelVersionRuntime] = {}
+        self._serials = itertools.count()  # names each runtime's own shm (state segments)
 
     def load_repository(self) -> None:
         """Read every model's config (auto-completing python models) and build runtimes.
@@ -87,7 +89,8 @@ class ModelManager:
                 self.failed[name] = f"{type(exc).__name__}: {exc}"
                 continue
             try:
-                runtimes = {v: build_runtime(source, v) for v in source.versions}
+                runtimes = {v: build_runtime(source, v, self.settings, next(self._serials))
+                            for v in source.versions}
             except ShoalError as exc:
                 logger.error("failed to load model '%s': %s", name, exc.message)
                 self.failed[name] = exc.message

@@ -48,6 +48,7 @@ from shoal.messages import (
     WorkerRequest,
     WorkerShutdown,
     WorkerSpec,
+    WrittenState,
     decode,
     encode,
 )
@@ -67,6 +68,11 @@ from shoal.workers.lifecycle import (
     setup_logging,
 )
 from shoal.workers.outputs import OutputWriter, error_of
+from shoal.workers.sequence_state import (
+    requested_with_states,
+    state_inputs,
+    write_output_states,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -151,8 +157,14 @@ class WorkerProc:
     # ------------------------------------------------------------------ execution
 
     def _map_inputs(self, req: WorkerRequest) -> dict[str, Any]:
-        return {ref.name: array_from_buffer(self._input_view(ref), ref.datatype, ref.shape)
-                for ref in req.inputs}
+        inputs = {ref.name: array_from_buffer(self._input_view(ref), ref.datatype, ref.shape)
+                  for ref in req.inputs}
+        if req.states:
+            inputs.update(state_inputs(req, self._state_view))
+        return inputs
+
+    def _state_view(self, region: str, offset: int, nbytes: int) -> memoryview:
+        return self.inputs.view(region, offset, nbytes, readonly=False)
 
     def _input_view(self, ref: TensorRef) -> memoryview:
         if ref.region.startswith(self.settings.segment_prefix):
@@ -182,6 +194,7 @@ class WorkerProc:
         if self.decoupled:
             return self._finish_decoupled(batch, requests, responses, errors, timings)
         by_id = {r.request_id: resp for r, resp in zip(requests, responses, strict=True)}
+        states = self._write_states(batch, by_id) if batch.rows else {}
         ordered: list[BackendResponse | Error] = []
         for r in batch.requests:
             answer = by_id.get(r.request_id) or errors.get(r.request_id)
@@ -196,10 +209,29 @@ class WorkerProc:
                 error = error_of(exc)
                 results = [Result(r.request_id, error=error) for r in batch.requests]
                 lease = None
+        if states:
+            results = [msgspec.structs.replace(r, states=states[r.request_id])
+                       if r.error is None and r.request_id in states else r for r in results]
         t3 = time.perf_counter_ns()
         self.cancelled.difference_update(r.request_id for r in batch.requests)
         return BatchResult(batch.batch_id, results,
                            BatchTimings(t1 - t0, t2 - t1, t3 - t2), lease)
+
+    def _write_states(self, batch: Batch, answers: dict[int, BackendResponse | Error | None]
+                      ) -> dict[int, list[WrittenState]]:
+        """Copy out the output states of the requests that have implicit state (replacing their
+        answer by the response without them, or by an error); returns what each wrote."""
+        written: dict[int, list[WrittenState]] = {}
+        for req in batch.requests:
+            answer = answers.get(req.request_id)
+            if not req.states or not isinstance(answer, BackendResponse):
+                continue
+            outcome = write_output_states(req, answer, self._state_view)
+            if isinstance(outcome, Error):
+                answers[req.request_id] = outcome
+            else:
+                answers[req.request_id], written[req.request_id] = outcome
+        return written
 
     def _backend_request(self, req: WorkerRequest, inputs: dict[str, Any]) -> BackendRequest:
         if self.decoupled:
@@ -207,7 +239,7 @@ class WorkerProc:
         return BackendRequest(
             request_id=req.request_id, inputs=inputs,
             input_datatypes={name: a_type for name, a_type in self._datatypes(req, inputs)},
-            requested_outputs=[o.name for o in req.outputs], parameters=req.parameters,
+            requested_outputs=requested_with_states(req), parameters=req.parameters,
             client_request_id=req.client_request_id, batch_size=req.batch_size,
             correlation_id=req.correlation_id, flags=req.flags)
 

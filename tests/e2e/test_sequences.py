@@ -139,24 +139,6 @@ def test_batch_size_above_one_is_rejected(seq_server: ShoalServer) -> None:
         client.infer("accumulate", [inp], sequence_id=5, sequence_start=True)
 
 
-def test_implicit_state_is_refused_clearly(tmp_path: pathlib.Path,
-                                           fresh_server_factory: list[ShoalServer]) -> None:
-    model = tmp_path / "stateful"
-    (model / "1").mkdir(parents=True)
-    (model / "config.pbtxt").write_text(textwrap.dedent(CONFIG).replace(
-        'name: "accumulate"', 'name: "stateful"').replace(
-        "max_sequence_idle_microseconds: 5000000",
-        'max_sequence_idle_microseconds: 5000000\n  state [{ input_name: "IN_STATE" '
-        'output_name: "OUT_STATE" data_type: TYPE_INT32 dims: [ 1 ] }]'))
-    (model / "1" / "model.py").write_text(ACCUMULATE)
-    server = ShoalServer([str(tmp_path)])
-    fresh_server_factory.append(server)
-    server.start(wait_ready=False)
-    assert server.process is not None
-    assert server.process.wait(timeout=60) == 1
-    assert "implicit sequence state" in server.log()
-
-
 OLDEST_CONFIG = CONFIG.replace('name: "accumulate"', 'name: "accumulate_oldest"').replace(
     "max_sequence_idle_microseconds: 5000000",
     "max_sequence_idle_microseconds: 5000000\n"
