@@ -2,6 +2,20 @@
 submitted to the composing models' own schedulers (they batch as usual) under the broker's
 internal identity ``INTERNAL``; their answers come back here instead of going to a frontend.
 
+Admission: the calls a run makes ready wait in the ensemble version's ``StepAdmission``
+(``ensemble_scheduling.max_inflight_requests``, Triton's per-step limit shared by all requests of
+the ensemble; 0: issued at once). An answer gives its step's slot back; a run that failed or was
+cancelled withdraws the calls it still had waiting.
+
+Cancellation (``cancel``): the run ends with CANCELLED; its waiting calls are withdrawn, its
+issued step requests are cancelled in their composing models (dropped when queued, told when
+running), and the client is answered once none of them is in flight any more (they may still
+read the request's inputs until then).
+
+Statistics (``stats.py``, Triton's ensemble rules): a success counts the request end to end,
+one execution of its batch size, and the sums of the compute durations of the composing
+requests it made (``on_step_timings``); a failure counts in ``fail`` with its reason.
+
 Memory: step outputs stay in the composing workers' arenas. The run tells us which leases it no
 longer needs (released at once) and which back its result; those are kept under one synthetic
 lease ``Lease(ENSEMBLE_LEASE, run id)`` that the frontend releases like any other.
@@ -13,13 +27,14 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import msgspec
 
-from shoal.broker.ensemble import EnsembleRun, step_request
+from shoal.broker.ensemble import EnsembleRun, StepAdmission, StepCall, step_request
 from shoal.broker.model_runtime import ModelVersionRuntime
-from shoal.messages import Error, InferRequest, InferResponse, Lease
+from shoal.errors import ErrorCode
+from shoal.messages import BatchTimings, Error, InferRequest, InferResponse, Lease
 
 logger = logging.getLogger(__name__)
 
@@ -29,25 +44,39 @@ ENSEMBLE_LEASE = "#ensemble"    # Lease.instance of an ensemble response's synth
 Submit = Callable[[bytes, InferRequest, float], None]
 Answer = Callable[[bytes, InferResponse], None]
 Release = Callable[[list[Lease]], None]
+Cancel = Callable[[bytes, int, float], None]
+"""Cancel the request (frontend identity, request id) wherever it is queued or running."""
+
+_CANCELLED = Error(ErrorCode.CANCELLED, "request cancelled")
 
 
 @dataclass
 class _Run:
     run: EnsembleRun
     runtime: ModelVersionRuntime
+    admission: StepAdmission[StepCall]
     frontend: bytes
     request: InferRequest
     arrival: float
+    issued: dict[int, int] = field(default_factory=dict)  # step -> its step request id
+    compute: list[int] = field(default_factory=lambda: [0, 0, 0])  # summed input/infer/output ns
+    failure: str = ""  # Triton's failure reason, once known
+    cancelled: bool = False
 
 
 class EnsembleDriver:
-    def __init__(self, submit: Submit, answer: Answer, release: Release) -> None:
+    def __init__(self, submit: Submit, answer: Answer, release: Release,
+                 cancel: Cancel | None = None) -> None:
         self._submit = submit
         self._answer = answer
         self._release = release
+        self._cancel = cancel
         self._runs: dict[int, _Run] = {}
+        self._by_request: dict[tuple[bytes, int], int] = {}  # (frontend, request id) -> run id
         self._steps: dict[int, tuple[int, int]] = {}  # step request id -> (run id, step)
+        self._timings: dict[int, BatchTimings] = {}   # step request id -> its compute durations
         self._results: dict[int, list[Lease]] = {}    # run id -> leases behind its response
+        self._admissions: dict[tuple[str, int], StepAdmission[StepCall]] = {}
         self._ids = itertools.count(1)
 
     def __len__(self) -> int:
@@ -59,11 +88,20 @@ class EnsembleDriver:
         run = EnsembleRun(runtime.ensemble, {ref.name: ref for ref in request.inputs},
                           batch_size=request.batch_size, requested_outputs=request.outputs)
         run_id = next(self._ids)
-        self._runs[run_id] = _Run(run, runtime, frontend, request, now)
+        admission = self._admission(runtime)
+        self._runs[run_id] = _Run(run, runtime, admission, frontend, request, now)
+        self._by_request[(frontend, request.request_id)] = run_id
         self._advance(run_id, now)
+        self._issue(admission, now)
+
+    def on_step_timings(self, step_request_id: int, timings: BatchTimings) -> None:
+        """The compute durations of the execution that answered one of our step requests;
+        called before that answer reaches ``on_answer``."""
+        self._timings[step_request_id] = timings
 
     def on_answer(self, response: InferResponse, now: float) -> None:
         """A composing model answered one of our step requests."""
+        timings = self._timings.pop(response.request_id, None)
         located = self._steps.pop(response.request_id, None)
         if located is None:
             if response.lease is not None:
@@ -71,42 +109,103 @@ class EnsembleDriver:
             return
         run_id, step = located
         state = self._runs[run_id]
-        outcome = (response.error if response.error is not None
-                   else {ref.name: ref for ref in response.outputs})
-        state.run.on_step_done(step, outcome, response.lease)
+        del state.issued[step]
+        state.admission.done(step)
+        if response.error is not None:
+            state.failure = state.failure or _failure_reason(response.error)
+            state.run.on_step_done(step, response.error, response.lease)
+        else:
+            if timings is not None:
+                state.compute[0] += timings.compute_input_ns
+                state.compute[1] += timings.compute_infer_ns
+                state.compute[2] += timings.compute_output_ns
+            state.run.on_step_done(step, {ref.name: ref for ref in response.outputs},
+                                   response.lease)
         self._advance(run_id, now)
+        self._issue(state.admission, now)
+
+    def cancel(self, frontend: bytes, request_id: int, now: float) -> bool:
+        """The client cancelled this request; False when it is not a running ensemble request
+        of ours (the caller looks elsewhere)."""
+        run_id = self._by_request.get((frontend, request_id))
+        if run_id is None:
+            return False
+        state = self._runs[run_id]
+        if state.cancelled:
+            return True
+        state.cancelled = True
+        state.failure = state.failure or "CANCELED"
+        state.run.cancel(_CANCELLED)
+        if self._cancel is not None:
+            for step_request_id in list(state.issued.values()):
+                self._cancel(INTERNAL, step_request_id, now)
+        self._advance(run_id, now)
+        self._issue(state.admission, now)
+        return True
 
     def release(self, run_ids: list[int]) -> None:
         """The frontend is done with these ensemble responses."""
         for run_id in run_ids:
             self._release(self._results.pop(run_id, []))
 
+    def _admission(self, runtime: ModelVersionRuntime) -> StepAdmission[StepCall]:
+        """The version's admission; a reloaded plan gets a fresh one (runs of the old plan keep
+        theirs until they end)."""
+        key = (runtime.name, runtime.version)
+        admission = self._admissions.get(key)
+        if admission is None or admission.plan is not runtime.ensemble:
+            assert runtime.ensemble is not None
+            admission = self._admissions[key] = StepAdmission(runtime.ensemble)
+        return admission
+
     def _advance(self, run_id: int, now: float) -> None:
         state = self._runs[run_id]
         self._release(state.run.releasable_leases())
         for call in state.run.ready_steps():
-            step_id = next(self._ids)
-            self._steps[step_id] = (run_id, call.step)
-            self._submit(INTERNAL, step_request(call, state.request, step_id), now)
+            state.admission.enqueue(call.step, run_id, call)
+        if state.run.error is not None:
+            for step, _call in state.admission.withdraw(run_id):
+                state.run.withdraw(step)
+            self._release(state.run.releasable_leases())
         if state.run.finished():
             self._finish(run_id, now)
 
+    def _issue(self, admission: StepAdmission[StepCall], now: float) -> None:
+        """Submit every call the admission lets through now."""
+        for step, run_id, call in admission.admit():
+            state = self._runs[run_id]
+            step_request_id = next(self._ids)
+            self._steps[step_request_id] = (run_id, step)
+            state.issued[step] = step_request_id
+            self._submit(INTERNAL, step_request(call, state.request, step_request_id), now)
+
     def _finish(self, run_id: int, now: float) -> None:
         state = self._runs.pop(run_id)
+        self._by_request.pop((state.frontend, state.request.request_id), None)
         elapsed = int((now - state.arrival) * 1e9)
         result = state.run.result()
         self._release(state.run.releasable_leases())
         if isinstance(result, Error):
-            state.runtime.stats.record_failure(elapsed, "BACKEND")
+            state.runtime.stats.record_failure(elapsed, state.failure or "OTHER")
             self._answer(state.frontend, InferResponse(state.request.request_id, error=result))
             return
+        compute = BatchTimings(*state.compute)
+        # a run starts when it arrives: its queue time is 0 (Triton: enqueue to run start)
+        state.runtime.stats.record_ensemble_success(state.request.batch_size, elapsed, 0,
+                                                    compute)
+        if state.frontend == INTERNAL:  # a nested ensemble: its sums count in the outer run
+            self._timings[state.request.request_id] = compute
         outputs = [msgspec.structs.replace(ref, name=name) for name, ref in result.items()]
         leases = state.run.result_leases()
         lease = None
         if leases:
             self._results[run_id] = leases
             lease = Lease(ENSEMBLE_LEASE, run_id)
-        state.runtime.stats.record_success(elapsed)
         self._answer(state.frontend, InferResponse(state.request.request_id,
                                                    state.runtime.version, outputs, {}, None,
                                                    lease))
+
+
+def _failure_reason(error: Error) -> str:
+    """The reason a failing step gives its ensemble request (Triton's metric label)."""
+    return "CANCELED" if error.code == ErrorCode.CANCELLED else "BACKEND"

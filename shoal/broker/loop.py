@@ -83,7 +83,8 @@ class BrokerLoop:
         self.next_exec_id = 1
         self.spawn_counter = 0
         self.stopping = False
-        self.ensembles = EnsembleDriver(self.submit, self.answer, self.forward_releases)
+        self.ensembles = EnsembleDriver(self.submit, self.answer, self.forward_releases,
+                                        self.cancel)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -214,6 +215,8 @@ class BrokerLoop:
     def cancel(self, identity: bytes, request_id: int, now: float) -> None:
         """Queued: dropped at once (never reaches a batch). Running: the worker is told, the
         model sees is_cancelled(); its answer still ends the request."""
+        if self.ensembles.cancel(identity, request_id, now):
+            return
         key: RequestKey = (identity, request_id)
         for runtime in self.models.runtimes():
             pending = runtime.requests.get(key)
@@ -404,6 +407,8 @@ class BrokerLoop:
             pending = runtime.forget(key)
             if pending is None:
                 continue
+            if pending.frontend == INTERNAL:  # an ensemble step: its durations count there too
+                self.ensembles.on_step_timings(key[1], message.timings)
             elapsed = int((now - pending.arrival) * 1e9)
             if result is None:
                 error = Error(ErrorCode.INTERNAL, "worker returned no result for the request")

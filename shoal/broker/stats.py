@@ -3,6 +3,12 @@
 Counting rules (Triton): ``success``/``fail``/``queue``/``compute_*`` count requests, each request
 carrying its batch's compute durations; ``inference_count`` counts batch rows; ``execution_count``
 and ``batch_stats`` count executions.
+
+An ensemble (core ``ensemble_scheduler.cc`` ``RequestTracker``, ``infer_stats.cc``) has no
+executions of its own: each successful ensemble request counts as one execution of its batch
+size, and its ``compute_*`` durations are the sums over the composing requests it made (each
+carrying its batch's durations, as above); its queue is the time before the run began. A failed
+one counts only in ``fail``. Its composing models count its step requests as any other.
 """
 
 from __future__ import annotations
@@ -50,16 +56,21 @@ class ModelVersionStats:
     fail_by_reason: dict[str, int] = field(default_factory=dict)
 
     def record_execution(self, rows: int, requests: int, timings: BatchTimings) -> None:
-        self.execution_count += 1
-        self.inference_count += rows
-        self.last_inference_ms = int(time.time() * 1000)
+        self._count_execution(rows, timings)
         self.compute_input.add(timings.compute_input_ns * requests, requests)
         self.compute_infer.add(timings.compute_infer_ns * requests, requests)
         self.compute_output.add(timings.compute_output_ns * requests, requests)
-        acc = self.batches.setdefault(rows, _BatchAcc())
-        acc.compute_input.add(timings.compute_input_ns)
-        acc.compute_infer.add(timings.compute_infer_ns)
-        acc.compute_output.add(timings.compute_output_ns)
+
+    def record_ensemble_success(self, batch_size: int, request_ns: int, queue_ns: int,
+                                compute: BatchTimings) -> None:
+        """One successful ensemble request of ``batch_size`` rows; ``compute``: the sums over
+        the composing requests it made."""
+        self.success.add(request_ns)
+        self.queue.add(queue_ns)
+        self.compute_input.add(compute.compute_input_ns)
+        self.compute_infer.add(compute.compute_infer_ns)
+        self.compute_output.add(compute.compute_output_ns)
+        self._count_execution(max(1, batch_size), compute)
 
     def record_queue(self, ns: int) -> None:
         self.queue.add(ns)
@@ -71,6 +82,15 @@ class ModelVersionStats:
         """reason: REJECTED | CANCELED | BACKEND | OTHER (Triton's metric label)."""
         self.fail.add(ns)
         self.fail_by_reason[reason] = self.fail_by_reason.get(reason, 0) + 1
+
+    def _count_execution(self, rows: int, timings: BatchTimings) -> None:
+        self.execution_count += 1
+        self.inference_count += rows
+        self.last_inference_ms = int(time.time() * 1000)
+        acc = self.batches.setdefault(rows, _BatchAcc())
+        acc.compute_input.add(timings.compute_input_ns)
+        acc.compute_infer.add(timings.compute_infer_ns)
+        acc.compute_output.add(timings.compute_output_ns)
 
     def snapshot(self, pending: int) -> ModelStats:
         return ModelStats(

@@ -1,9 +1,11 @@
 """Ensembles (DESIGN §4): load-time validation of the step graph against the composing models
 (``validate_ensemble`` -> ``EnsemblePlan``) and the per-request state machine
-(``EnsembleRun``). Pure: no sockets, no clock; the broker loop drives them."""
+(``EnsembleRun``), and the admission of step calls under ``max_inflight_requests``
+(``StepAdmission``). Pure: no sockets, no clock; the broker loop drives them."""
 
 from __future__ import annotations
 
+from shoal.broker.ensemble.admission import StepAdmission
 from shoal.broker.ensemble.dependencies import (
     check_circular_dependency,
     composing_model_names,
@@ -24,6 +26,7 @@ __all__ = [
     "EnsembleRun",
     "EnsembleStep",
     "EnsembleTensor",
+    "StepAdmission",
     "StepCall",
     "StepInput",
     "StepOutcome",

@@ -86,7 +86,9 @@ class EnsembleTensor:
 class EnsemblePlan:
     """A validated ensemble. ``steps`` are in a topological order (each after the writers of
     all its inputs). ``output_dims``: each ensemble output's config shape (reshape if given),
-    without batch dim. Read-only: shared by every request of the ensemble."""
+    without batch dim. ``max_inflight_requests``: ``ensemble_scheduling.max_inflight_requests``
+    (0: no limit; see ``admission.StepAdmission``). Read-only: shared by every request of the
+    ensemble."""
 
     name: str
     max_batch_size: int
@@ -96,6 +98,7 @@ class EnsemblePlan:
     optional_inputs: frozenset[str]
     outputs: tuple[str, ...]
     output_dims: Mapping[str, tuple[int, ...]]
+    max_inflight_requests: int = 0
     _by_index: dict[int, EnsembleStep] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -159,6 +162,7 @@ def validate_ensemble(config: ModelConfig, composing: Mapping[str, ModelConfig],
         optional_inputs=frozenset(io.name for io in config.input if io.optional),
         outputs=tuple(io.name for io in config.output),
         output_dims={io.name: _config_dims(io) for io in config.output},
+        max_inflight_requests=int(config.ensemble_scheduling.max_inflight_requests),
     )
 
 

@@ -11,6 +11,8 @@ How the broker drives a run:
                                         lease)
                        release run.releasable_leases() to their workers
     when run.finished(): answer the client with run.result() (+ run.result_leases())
+    a call never issued (it waited for a slot, ``admission``, and the run failed meanwhile):
+                       run.withdraw(call.step)
 
 Steps start as soon as all their inputs exist, so independent branches run in parallel. The
 first failing step fails the run: no further step is issued, the steps already running are
@@ -215,6 +217,19 @@ class EnsembleRun:
         for spec in step.inputs.values():
             self._waiting_readers.get(spec.tensor, set()).discard(step_index)
         self._check_success()
+        self._collect()
+
+    def withdraw(self, step_index: int) -> None:
+        """A call from ``ready_steps`` that the broker never issued (it was waiting for a slot
+        when the run failed): it is no longer in flight and its inputs are not needed for it.
+        Raises ValueError while the run can still succeed or for a step not in flight."""
+        if self._error is None or step_index not in self._in_flight:
+            raise ValueError(f"ensemble '{self._plan.name}': step {step_index} cannot be "
+                             "withdrawn (not in flight, or the run has not failed)")
+        self._in_flight.discard(step_index)
+        self._done.add(step_index)
+        for spec in self._plan.step(step_index).inputs.values():
+            self._waiting_readers.get(spec.tensor, set()).discard(step_index)
         self._collect()
 
     def cancel(self, error: Error) -> None:

@@ -324,3 +324,32 @@ def test_step_request_carries_the_ensemble_request_settings() -> None:
         {"p": 1}, "client-7", BATCH)
     assert (request.priority, request.timeout_us, request.correlation_id, request.flags) == (
         2, 500, 9, 1)
+
+
+# ------------------------------------------------------------------ withdrawn calls
+
+
+def test_withdrawn_call_ends_a_failed_run_and_releases_what_it_would_have_read() -> None:
+    run = EnsembleRun(diamond_plan(), {"IMAGE": IMAGE}, batch_size=BATCH)
+    run_preprocess(run)
+    assert models(run.ready_steps()) == ["classify", "segment"]  # segment waits for a slot
+    run.on_step_done(1, Error(ErrorCode.INTERNAL, "boom"))
+    assert not run.finished() and run.held_refs() == [PREPROCESSED]
+    run.withdraw(2)
+    assert run.finished()
+    assert run.result() == Error(ErrorCode.INTERNAL,
+                                 "in ensemble 'd', step 1 (model 'classify'): boom")
+    assert run.held_refs() == []
+    assert run.releasable_leases() == [lease("pre")]
+
+
+def test_withdraw_is_refused_while_the_run_can_succeed_or_for_a_step_not_in_flight() -> None:
+    run = docs_run()
+    run.ready_steps()
+    with pytest.raises(ValueError, match="cannot be withdrawn"):
+        run.withdraw(0)  # the run has not failed
+    run.cancel(Error(ErrorCode.CANCELLED, "request cancelled"))
+    with pytest.raises(ValueError, match="cannot be withdrawn"):
+        run.withdraw(1)  # never handed out
+    run.withdraw(0)
+    assert run.finished()
