@@ -20,6 +20,12 @@ setup: $(BIN)/shoal
 serve: setup
 	$(BIN)/shoal serve --model-repository examples/model_repository
 
+# The sentence-embedding ensemble (examples/embedding_pipeline): trace the encoder, then serve.
+.PHONY: serve-embedding
+serve-embedding: setup
+	$(BIN)/python examples/embedding_pipeline/build.py
+	$(BIN)/shoal serve --model-repository examples/embedding_pipeline
+
 test: setup
 	$(BIN)/python -m pytest -q -ra
 
