@@ -65,7 +65,7 @@ class TritonPythonModel:
 
 
 def accumulate_config(name: str, strategy: str = "", initial: str = "",
-                      slots: int = 2) -> str:
+                      slots: int = 2, idle_us: int = 20000000) -> str:
     initial_state = (f'initial_state: {{ name: "start_value" data_type: TYPE_INT64 dims: [ 1 ] '
                      f'{initial} }}' if initial else "")
     return textwrap.dedent(f'''
@@ -73,7 +73,7 @@ def accumulate_config(name: str, strategy: str = "", initial: str = "",
         backend: "python"
         max_batch_size: {slots}
         sequence_batching {{
-          max_sequence_idle_microseconds: 20000000
+          max_sequence_idle_microseconds: {idle_us}
           {strategy}
           state [{{ input_name: "SUM_IN" output_name: "SUM_OUT" data_type: TYPE_INT64
                     dims: [ 1 ] {initial_state} }}]
@@ -122,6 +122,8 @@ def state_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServ
     (seeded / "initial_state").mkdir()
     (seeded / "initial_state" / "start.bin").write_bytes(np.array([1000], np.int64).tobytes())
     _add_model(repo, "history", HISTORY_CONFIG, HISTORY)
+    _add_model(repo, "accumulate_brief", accumulate_config("accumulate_brief", idle_us=400000),
+               ACCUMULATE)
     server = ShoalServer([str(repo)]).start()
     try:
         yield server
@@ -169,6 +171,24 @@ def test_a_new_sequence_starts_from_zero_state(state_server: ShoalServer) -> Non
     assert [step(41, v, i == 0, i == 2) for i, v in enumerate([5, 6, 7])] == [5, 11, 18]
     # the same id again: a new incarnation, its state starts from zeros again
     assert [step(41, v, i == 0, i == 1) for i, v in enumerate([1, 2])] == [1, 3]
+
+
+def test_a_second_start_on_a_live_id_begins_a_fresh_state(state_server: ShoalServer) -> None:
+    step = _http_step(state_server.url, "accumulate")
+    assert step(71, 5, True, False) == 5
+    assert step(71, 3, False, False) == 8
+    assert step(71, 2, True, False) == 2  # Triton: the live sequence ends, a new one starts
+    assert step(71, 1, False, True) == 3
+
+
+def test_idle_sequence_is_released_and_its_state_dropped(state_server: ShoalServer) -> None:
+    step = _http_step(state_server.url, "accumulate_brief")
+    assert step(81, 5, True, False) == 5
+    assert step(81, 4, False, False) == 9
+    time.sleep(1.5)  # max_sequence_idle_microseconds is 0.4 s
+    with pytest.raises(InferenceServerException, match="START"):
+        step(81, 1, False, False)
+    assert step(81, 1, True, True) == 1  # a new sequence on the id starts from zeros
 
 
 def test_initial_state_from_data_file(state_server: ShoalServer) -> None:
