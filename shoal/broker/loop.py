@@ -3,7 +3,8 @@
 Frontends send InferRequests; the loop hands them to the model version's scheduler, dispatches
 batches to idle workers, forwards each Result to the owning frontend, fails the requests of a
 worker that died, and restarts it with back-off. Scheduling decisions are the schedulers' (pure);
-this module only moves messages and keeps time.
+this module only moves messages and keeps time. The sockets live in ``frontend_link`` and
+``worker_link``; what a BatchResult means for the bookkeeping is ``batch_results``.
 """
 
 from __future__ import annotations
@@ -16,11 +17,14 @@ from collections.abc import Mapping
 
 import zmq
 
+from shoal.broker.batch_results import batch_outcomes, written_states
 from shoal.broker.ensemble_driver import ENSEMBLE_LEASE, INTERNAL, EnsembleDriver
+from shoal.broker.frontend_link import FrontendLink
 from shoal.broker.model_runtime import InstanceSlot, ModelVersionRuntime
 from shoal.broker.models import ModelManager
 from shoal.broker.pool import WorkerHandle, WorkerState, reap, restart_delay, spawn_worker
 from shoal.broker.schedulers.base import RequestKey
+from shoal.broker.worker_link import CONTROL_SUFFIX, WorkerEntry, WorkerLink
 from shoal.errors import ErrorCode
 from shoal.messages import (
     Batch,
@@ -32,7 +36,6 @@ from shoal.messages import (
     InferRequest,
     InferRequestBatch,
     InferResponse,
-    InferResponseBatch,
     InlineTensor,
     Lease,
     Message,
@@ -41,14 +44,9 @@ from shoal.messages import (
     StatsReply,
     StatsRequest,
     StreamResponse,
-    UnknownMessage,
     WorkerLoadFailed,
     WorkerReady,
-    WorkerRequest,
     WorkerShutdown,
-    WrittenState,
-    decode,
-    encode,
 )
 from shoal.settings import Settings
 from shoal.shm.sweep import remove_segments_with_prefix
@@ -63,21 +61,12 @@ class BrokerLoop:
         self.settings = settings
         self.models = models
         self.context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
-        self.frontends = self.context.socket(zmq.ROUTER)
-        self.frontends.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        self.frontends.bind(f"ipc://{settings.runtime_dir}/frontend.sock")
-        self.workers = self.context.socket(zmq.ROUTER)
-        self.workers.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.frontends = FrontendLink(self.context, f"ipc://{settings.runtime_dir}/frontend.sock",
+                                      self.forward_releases)
         self.worker_endpoint = f"ipc://{settings.runtime_dir}/worker.sock"
-        self.workers.bind(self.worker_endpoint)
         self.poller = zmq.Poller()
-        self.poller.register(self.frontends, zmq.POLLIN)
-        self.poller.register(self.workers, zmq.POLLIN)
-        self.handles: dict[str, tuple[WorkerHandle, ModelVersionRuntime, InstanceSlot]] = {}
-        self.by_pidfd: dict[int, str] = {}
-        self.known_frontends: set[bytes] = set()
-        # answers produced in this loop pass, per frontend; sent as one message by flush_answers
-        self.answers: dict[bytes, list[InferResponse]] = defaultdict(list)
+        self.poller.register(self.frontends.socket, zmq.POLLIN)
+        self.workers = WorkerLink(self.context, self.worker_endpoint, self.poller)
         self.snapshot_dirty = False
         self.next_batch_id = 1
         self.next_exec_id = 1
@@ -98,10 +87,7 @@ class BrokerLoop:
         spec = self.models.worker_spec(runtime, slot, self.spawn_counter, self.worker_endpoint)
         handle = spawn_worker(spec, now)
         slot.worker, slot.restart_at = handle, None
-        self.handles[spec.identity] = (handle, runtime, slot)
-        if handle.pidfd is not None:
-            self.by_pidfd[handle.pidfd] = spec.identity
-            self.poller.register(handle.pidfd, zmq.POLLIN)
+        self.workers.add(handle, runtime, slot)
         runtime.refresh_state()
         self.snapshot_dirty = True
 
@@ -120,12 +106,14 @@ class BrokerLoop:
         # polls without blocking until it is due, instead of rounding up to a full millisecond.
         timeout_ms = math.ceil(timeout * 1000) if timeout >= 0.001 else 0
         for sock, _ in self.poller.poll(timeout_ms):
-            if sock is self.frontends:
-                self.drain_frontends()
-            elif sock is self.workers:
-                self.drain_workers()
-            elif isinstance(sock, int) and sock in self.by_pidfd:
-                self.on_worker_exit(self.by_pidfd[sock])
+            if sock is self.frontends.socket:
+                for identity, message in self.frontends.receive():
+                    self.on_frontend_message(identity, message)
+            elif sock is self.workers.socket:
+                for entry, message in self.workers.receive():
+                    self.on_worker_message(entry, message, time.monotonic())
+            elif (exited := self.workers.exited(sock)) is not None:
+                self.on_worker_exit(exited)
         self.tick(time.monotonic())
         self.flush_answers()
 
@@ -157,20 +145,6 @@ class BrokerLoop:
 
     # ------------------------------------------------------------------ frontends
 
-    def drain_frontends(self) -> None:
-        while True:
-            try:
-                frames = self.frontends.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            identity = frames[0]
-            try:
-                message = decode(frames[1:])
-            except UnknownMessage as exc:
-                logger.warning("dropping malformed frontend message: %s", exc)
-                continue
-            self.on_frontend_message(identity, message)
-
     def on_frontend_message(self, identity: bytes, message: Message) -> None:
         now = time.monotonic()
         if isinstance(message, InferRequest):
@@ -183,11 +157,11 @@ class BrokerLoop:
         elif isinstance(message, CancelRequest):
             self.cancel(identity, message.request_id, now)
         elif isinstance(message, Hello):
-            self.known_frontends.add(identity)
-            self.send_frontend(identity, self.models.snapshot(self.stopping))
+            self.frontends.known.add(identity)
+            self.frontends.send(identity, self.models.snapshot(self.stopping))
         elif isinstance(message, StatsRequest):
             models = self.models.stats(message.model, message.version)
-            self.send_frontend(identity, StatsReply(message.query_id, models))
+            self.frontends.send(identity, StatsReply(message.query_id, models))
 
     def submit(self, identity: bytes, request: InferRequest, now: float) -> None:
         runtime = self.models.runtime(request.model, request.version)
@@ -230,7 +204,8 @@ class BrokerLoop:
                 self.finish_error(runtime, key, Error(ErrorCode.CANCELLED, "request cancelled"),
                                   "CANCELED", now)
             elif pending.worker:
-                self.send_worker(pending.worker + "#c", CancelExecuting([pending.exec_id]))
+                self.workers.send(pending.worker + CONTROL_SUFFIX,
+                                  CancelExecuting([pending.exec_id]))
             return
 
     def forward_releases(self, leases: list[Lease]) -> None:
@@ -241,43 +216,25 @@ class BrokerLoop:
         if ensemble_runs:
             self.ensembles.release([lease.lease_id for lease in ensemble_runs])
         for instance, group in grouped.items():
-            entry = self.handles.get(instance)
+            entry = self.workers.entries.get(instance)
             if entry is not None and entry[0].state is not WorkerState.DEAD:
-                self.send_worker(instance, ReleaseLeases(group))
+                self.workers.send(instance, ReleaseLeases(group))
 
     def answer(self, identity: bytes, response: InferResponse) -> None:
         """Queue a terminal answer; flush_answers sends it at the end of this loop pass."""
-        self.answers[identity].append(response)
+        self.frontends.answer(identity, response)
 
     def flush_answers(self) -> None:
         now = time.monotonic()
-        while INTERNAL in self.answers:  # answers to ensemble steps feed their runs, which
-            for response in self.answers.pop(INTERNAL):  # may answer more (bounded by the DAG)
+        # answers to ensemble steps feed their runs, which may answer more (bounded by the DAG)
+        while (internal := self.frontends.take(INTERNAL)) is not None:
+            for response in internal:
                 self.ensembles.on_answer(response, now)
-        if not self.answers:
-            return
-        answers, self.answers = self.answers, defaultdict(list)
-        for identity, responses in answers.items():
-            self.send_frontend(identity, responses[0] if len(responses) == 1
-                               else InferResponseBatch(responses))
-
-    def send_frontend(self, identity: bytes, message: Message) -> None:
-        try:
-            self.frontends.send_multipart([identity, *encode(message)])
-        except zmq.ZMQError as exc:  # frontend gone (EHOSTUNREACH with ROUTER_MANDATORY)
-            # expected while stopping: the frontend exits first and the broker says goodbye
-            (logger.debug if self.stopping else logger.warning)(
-                "cannot reach frontend %r: %s", identity, exc)
-            self.known_frontends.discard(identity)
-            responses = (message.responses if isinstance(message, InferResponseBatch)
-                         else [message] if isinstance(message, InferResponse) else [])
-            self.forward_releases([r.lease for r in responses if r.lease is not None])
+        self.frontends.flush()
 
     def broadcast_snapshot(self) -> None:
         self.snapshot_dirty = False
-        snapshot = self.models.snapshot(self.stopping)
-        for identity in list(self.known_frontends):
-            self.send_frontend(identity, snapshot)
+        self.frontends.broadcast(self.models.snapshot(self.stopping))
 
     # ------------------------------------------------------------------ scheduling
 
@@ -316,53 +273,16 @@ class BrokerLoop:
         """Hand these queued requests to an idle worker as one Batch."""
         batch_id = self.next_batch_id
         self.next_batch_id += 1
-        requests: list[WorkerRequest] = []
-        for key in keys:
-            pending = runtime.requests[key]
-            pending.dispatched, pending.worker = now, worker.identity
-            pending.exec_id = self.next_exec_id
-            self.next_exec_id += 1
-            runtime.by_exec[pending.exec_id] = key
-            r = pending.request
-            requests.append(WorkerRequest(
-                request_id=pending.exec_id, inputs=r.inputs, outputs=r.outputs,
-                parameters=r.parameters, client_request_id=r.client_request_id,
-                batch_size=r.batch_size, correlation_id=r.correlation_id, flags=r.flags,
-                states=states.get(key, []) if states else []))
-            runtime.stats.record_queue(int((now - pending.arrival) * 1e9))
-        if runtime.orderer is not None:
-            runtime.orderer.admit(keys)
-        runtime.batches[batch_id] = keys
+        requests = runtime.start_batch(batch_id, keys, worker.identity, now, self.next_exec_id,
+                                       states or {})
+        self.next_exec_id += len(keys)
         worker.state, worker.batch_id = WorkerState.BUSY, batch_id
-        self.send_worker(worker.identity, Batch(batch_id, requests, rows or [],
+        self.workers.send(worker.identity, Batch(batch_id, requests, rows or [],
                                                 controls or []))
-
-    def send_worker(self, identity: str, message: Message) -> None:
-        try:
-            self.workers.send_multipart([identity.encode(), *encode(message)])
-        except zmq.ZMQError as exc:
-            logger.warning("cannot reach worker %s: %s", identity, exc)
 
     # ------------------------------------------------------------------ workers
 
-    def drain_workers(self) -> None:
-        while True:
-            try:
-                frames = self.workers.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            identity = frames[0].decode().removesuffix("#s")
-            entry = self.handles.get(identity)
-            if entry is None:
-                continue
-            try:
-                message = decode(frames[1:])
-            except UnknownMessage as exc:
-                logger.warning("dropping malformed worker message: %s", exc)
-                continue
-            self.on_worker_message(entry, message, time.monotonic())
-
-    def on_worker_message(self, entry: tuple[WorkerHandle, ModelVersionRuntime, InstanceSlot],
+    def on_worker_message(self, entry: WorkerEntry,
                           message: Message, now: float) -> None:
         handle, runtime, slot = entry
         if isinstance(message, BatchResult):
@@ -372,7 +292,7 @@ class BrokerLoop:
         elif isinstance(message, WorkerReady):
             if self.stopping:  # it connected after the shutdown broadcast
                 handle.state = WorkerState.STOPPING
-                self.send_worker(handle.identity, WorkerShutdown("server exiting"))
+                self.workers.send(handle.identity, WorkerShutdown("server exiting"))
                 return
             handle.state, handle.ready_at = WorkerState.IDLE, now
             slot.ever_ready, slot.last_exit = True, ""
@@ -394,34 +314,11 @@ class BrokerLoop:
             runtime.sequence.done(message.batch_id, now, written_states(runtime, keys, message))
         if handle.batch_id == message.batch_id:
             handle.state, handle.batch_id = WorkerState.IDLE, None
-        by_exec = {r.request_id: r for r in message.results}
-        rows = sum(runtime.requests[k].request.batch_size for k in keys if k in runtime.requests)
-        runtime.stats.record_execution(rows, len(keys), message.timings)
-        for key in keys:
-            exec_id = runtime.requests[key].exec_id if key in runtime.requests else 0
-            result = by_exec.get(exec_id)
-            if runtime.decoupled and result is None:
-                if key in runtime.requests:
-                    handle.streams.add(exec_id)  # answers keep coming as StreamResponses
-                continue
-            pending = runtime.forget(key)
-            if pending is None:
-                continue
-            if pending.frontend == INTERNAL:  # an ensemble step: its durations count there too
+        for key, frontend, response in batch_outcomes(runtime, keys, message, handle.streams,
+                                                      now):
+            if frontend == INTERNAL:  # an ensemble step: its durations count there too
                 self.ensembles.on_step_timings(key[1], message.timings)
-            elapsed = int((now - pending.arrival) * 1e9)
-            if result is None:
-                error = Error(ErrorCode.INTERNAL, "worker returned no result for the request")
-                response = InferResponse(key[1], error=error)
-                runtime.stats.record_failure(elapsed, "BACKEND")
-            elif result.error is not None:
-                response = InferResponse(key[1], error=result.error)
-                runtime.stats.record_failure(elapsed, "BACKEND")
-            else:
-                response = InferResponse(key[1], runtime.version, result.outputs,
-                                         result.parameters, None, message.lease)
-                runtime.stats.record_success(elapsed)
-            self.deliver(runtime, key, pending.frontend, response)
+            self.deliver(runtime, key, frontend, response)
         self.dispatch(runtime, now)
 
     def on_stream_response(self, handle: WorkerHandle, runtime: ModelVersionRuntime,
@@ -466,10 +363,7 @@ class BrokerLoop:
 
     def on_worker_exit(self, identity: str) -> None:
         now = time.monotonic()
-        handle, runtime, slot = self.handles.pop(identity)
-        if handle.pidfd is not None:
-            self.poller.unregister(handle.pidfd)
-            self.by_pidfd.pop(handle.pidfd, None)
+        handle, runtime, slot = self.workers.remove(identity)
         reap(handle, timeout=1.0)
         expected = handle.state is WorkerState.STOPPING and slot.last_exit == ""
         description = handle.exit_description()
@@ -520,7 +414,7 @@ class BrokerLoop:
         """Refuse new work, fail what is queued, ask every worker to finalize and exit."""
         if self.stopping:
             return
-        self.stopping = True
+        self.stopping = self.frontends.stopping = True
         now = time.monotonic()
         for runtime in self.models.runtimes():
             error = Error(ErrorCode.UNAVAILABLE, "Server exiting")
@@ -528,20 +422,20 @@ class BrokerLoop:
                 self.finish_error(runtime, key, error, "OTHER", now)
             for slot in runtime.instances:
                 slot.restart_at = None
-        for identity, (handle, _runtime, _slot) in self.handles.items():
+        for identity, (handle, _runtime, _slot) in self.workers.entries.items():
             if handle.state is not WorkerState.DEAD:
                 loading = handle.state is WorkerState.LOADING
                 handle.state = WorkerState.STOPPING
                 if not loading:  # a loading worker is told when its WorkerReady arrives
-                    self.send_worker(identity, WorkerShutdown("server exiting"))
+                    self.workers.send(identity, WorkerShutdown("server exiting"))
         self.snapshot_dirty = True
 
     def workers_alive(self) -> bool:
-        return bool(self.handles)
+        return bool(self.workers.entries)
 
     def kill_remaining(self) -> None:
-        for identity in list(self.handles):
-            handle = self.handles[identity][0]
+        for identity in list(self.workers.entries):
+            handle = self.workers.entries[identity][0]
             if handle.process.poll() is None:
                 logger.warning("worker %s did not exit in time; killing it",
                                handle.spec.instance_name)
@@ -552,18 +446,6 @@ class BrokerLoop:
         for runtime in self.models.runtimes():
             if runtime.sequence is not None:
                 runtime.sequence.close()
-        self.frontends.close(linger=0)
-        self.workers.close(linger=0)
+        self.frontends.close()
+        self.workers.close()
 
-
-def written_states(runtime: ModelVersionRuntime, keys: list[RequestKey], message: BatchResult
-                   ) -> dict[RequestKey, list[WrittenState]]:
-    """The output states each successful request of a sequence batch wrote."""
-    by_exec = {r.request_id: r for r in message.results if r.states and r.error is None}
-    written: dict[RequestKey, list[WrittenState]] = {}
-    for key in keys:
-        pending = runtime.requests.get(key)
-        result = by_exec.get(pending.exec_id) if pending is not None else None
-        if result is not None:
-            written[key] = result.states
-    return written

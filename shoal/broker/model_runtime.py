@@ -8,7 +8,7 @@ its request keys.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +23,14 @@ from shoal.broker.sequence_scheduling import SequenceScheduling
 from shoal.broker.state_store import store_factory
 from shoal.broker.stats import ModelVersionStats
 from shoal.errors import unsupported
-from shoal.messages import InferRequest, InferResponse, ModelVersionInfo, ModelVersionState
+from shoal.messages import (
+    InferRequest,
+    InferResponse,
+    ModelVersionInfo,
+    ModelVersionState,
+    StateBinding,
+    WorkerRequest,
+)
 from shoal.model_config import (
     backend_name,
     config_to_json,
@@ -151,6 +158,29 @@ class ModelVersionRuntime:
             return ()
         return tuple((t.name, t.datatype, tuple(t.shape[1:])) for t in request.inputs
                      if t.name not in self.ragged_inputs)
+
+    def start_batch(self, batch_id: int, keys: list[RequestKey], worker: str, now: float,
+                    first_exec_id: int, states: Mapping[RequestKey, list[StateBinding]]
+                    ) -> list[WorkerRequest]:
+        """These queued requests leave for ``worker`` as Batch ``batch_id``: each gets the
+        execution id ``first_exec_id + i`` (the worker's request id) and its queue time is
+        recorded. Returns the Batch's requests, in ``keys`` order."""
+        requests: list[WorkerRequest] = []
+        for exec_id, key in enumerate(keys, first_exec_id):
+            pending = self.requests[key]
+            pending.dispatched, pending.worker, pending.exec_id = now, worker, exec_id
+            self.by_exec[exec_id] = key
+            r = pending.request
+            requests.append(WorkerRequest(
+                request_id=exec_id, inputs=r.inputs, outputs=r.outputs,
+                parameters=r.parameters, client_request_id=r.client_request_id,
+                batch_size=r.batch_size, correlation_id=r.correlation_id, flags=r.flags,
+                states=states.get(key, [])))
+            self.stats.record_queue(int((now - pending.arrival) * 1e9))
+        if self.orderer is not None:
+            self.orderer.admit(keys)
+        self.batches[batch_id] = keys
+        return requests
 
     def forget(self, key: RequestKey) -> PendingRequest | None:
         pending = self.requests.pop(key, None)

@@ -1,0 +1,90 @@
+"""The broker's side of the frontend connection: one ROUTER socket, the frontends that said
+Hello, and the answers produced during one loop pass, sent per frontend as one message.
+
+Contract: ``answer`` only queues; ``flush`` sends. A frontend that cannot be reached (it exited;
+EHOSTUNREACH with ROUTER_MANDATORY) is forgotten and the output leases of the answers it would
+have received go to ``on_undelivered`` so their workers can reuse the memory. Answers addressed
+to an identity that is not a frontend (the broker's own ensemble steps) are taken out with
+``take`` before ``flush``. Single-threaded: the broker loop.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+
+import zmq
+
+from shoal.messages import (
+    InferResponse,
+    InferResponseBatch,
+    Lease,
+    Message,
+    UnknownMessage,
+    decode,
+    encode,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class FrontendLink:
+    def __init__(self, context: zmq.Context[zmq.Socket[bytes]], endpoint: str,
+                 on_undelivered: Callable[[list[Lease]], None]) -> None:
+        self.socket = context.socket(zmq.ROUTER)
+        self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.socket.bind(endpoint)
+        self.known: set[bytes] = set()
+        self.stopping = False  # frontends exit first at shutdown: losing one is expected then
+        self._answers: dict[bytes, list[InferResponse]] = defaultdict(list)
+        self._on_undelivered = on_undelivered
+
+    def receive(self) -> Iterator[tuple[bytes, Message]]:
+        """Every message waiting now (malformed ones are logged and dropped)."""
+        while True:
+            try:
+                frames = self.socket.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                message = decode(frames[1:])
+            except UnknownMessage as exc:
+                logger.warning("dropping malformed frontend message: %s", exc)
+                continue
+            yield frames[0], message
+
+    def answer(self, identity: bytes, response: InferResponse) -> None:
+        """Queue a terminal answer for this loop pass."""
+        self._answers[identity].append(response)
+
+    def take(self, identity: bytes) -> list[InferResponse] | None:
+        """Remove and return the answers queued for ``identity`` (None: there are none)."""
+        return self._answers.pop(identity, None)
+
+    def flush(self) -> None:
+        if not self._answers:
+            return
+        answers, self._answers = self._answers, defaultdict(list)
+        for identity, responses in answers.items():
+            self.send(identity, responses[0] if len(responses) == 1
+                      else InferResponseBatch(responses))
+
+    def send(self, identity: bytes, message: Message) -> None:
+        try:
+            self.socket.send_multipart([identity, *encode(message)])
+        except zmq.ZMQError as exc:
+            (logger.debug if self.stopping else logger.warning)(
+                "cannot reach frontend %r: %s", identity, exc)
+            self.known.discard(identity)
+            responses = (message.responses if isinstance(message, InferResponseBatch)
+                         else [message] if isinstance(message, InferResponse) else [])
+            self._on_undelivered([r.lease for r in responses if r.lease is not None])
+
+    def broadcast(self, message: Message) -> None:
+        """To every frontend that said Hello."""
+        for identity in list(self.known):
+            self.send(identity, message)
+
+    def close(self) -> None:
+        self.socket.close(linger=0)

@@ -1,0 +1,80 @@
+"""The broker's side of the worker connection: one ROUTER socket that every worker's DEALERs
+connect to, and the live worker processes by identity, each with the model version and
+instance slot it serves. A worker's pidfd is registered with the loop's poller, so its death
+wakes the loop (``exited``). Single-threaded: the broker loop.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import zmq
+
+from shoal.broker.model_runtime import InstanceSlot, ModelVersionRuntime
+from shoal.broker.pool import WorkerHandle
+from shoal.messages import Message, UnknownMessage, decode, encode
+
+logger = logging.getLogger(__name__)
+
+WorkerEntry = tuple[WorkerHandle, ModelVersionRuntime, InstanceSlot]
+STREAM_SUFFIX = "#s"  # identity suffix of a worker's stream socket (decoupled responses)
+CONTROL_SUFFIX = "#c"  # identity suffix of a worker's control socket (cancellation)
+
+
+class WorkerLink:
+    def __init__(self, context: zmq.Context[zmq.Socket[bytes]], endpoint: str,
+                 poller: zmq.Poller) -> None:
+        self.endpoint = endpoint
+        self.socket = context.socket(zmq.ROUTER)
+        self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.socket.bind(endpoint)
+        self.entries: dict[str, WorkerEntry] = {}  # identity -> what the worker serves
+        self._by_pidfd: dict[int, str] = {}
+        self._poller = poller
+        poller.register(self.socket, zmq.POLLIN)
+
+    def add(self, handle: WorkerHandle, runtime: ModelVersionRuntime, slot: InstanceSlot) -> None:
+        self.entries[handle.identity] = (handle, runtime, slot)
+        if handle.pidfd is not None:
+            self._by_pidfd[handle.pidfd] = handle.identity
+            self._poller.register(handle.pidfd, zmq.POLLIN)
+
+    def remove(self, identity: str) -> WorkerEntry:
+        """Forget an exited worker (KeyError if unknown)."""
+        entry = self.entries.pop(identity)
+        pidfd = entry[0].pidfd
+        if pidfd is not None:
+            self._poller.unregister(pidfd)
+            self._by_pidfd.pop(pidfd, None)
+        return entry
+
+    def exited(self, polled: object) -> str | None:
+        """The identity of the worker whose pidfd ``polled`` is, if it is one."""
+        return self._by_pidfd.get(polled) if isinstance(polled, int) else None
+
+    def receive(self) -> Iterator[tuple[WorkerEntry, Message]]:
+        """Every message waiting now from known workers (others and malformed ones dropped)."""
+        while True:
+            try:
+                frames = self.socket.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            entry = self.entries.get(frames[0].decode().removesuffix(STREAM_SUFFIX))
+            if entry is None:
+                continue
+            try:
+                message = decode(frames[1:])
+            except UnknownMessage as exc:
+                logger.warning("dropping malformed worker message: %s", exc)
+                continue
+            yield entry, message
+
+    def send(self, identity: str, message: Message) -> None:
+        try:
+            self.socket.send_multipart([identity.encode(), *encode(message)])
+        except zmq.ZMQError as exc:
+            logger.warning("cannot reach worker %s: %s", identity, exc)
+
+    def close(self) -> None:
+        self.socket.close(linger=0)
