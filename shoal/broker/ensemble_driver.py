@@ -82,6 +82,10 @@ class EnsembleDriver:
     def __len__(self) -> int:
         return len(self._runs)
 
+    def in_flight(self, runtime: ModelVersionRuntime) -> int:
+        """Requests of this ensemble version not yet answered (its ``pending`` statistic)."""
+        return sum(1 for state in self._runs.values() if state.runtime is runtime)
+
     def start(self, frontend: bytes, request: InferRequest, runtime: ModelVersionRuntime,
               now: float) -> None:
         assert runtime.ensemble is not None

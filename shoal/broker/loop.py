@@ -160,7 +160,8 @@ class BrokerLoop:
             self.frontends.known.add(identity)
             self.frontends.send(identity, self.models.snapshot(self.stopping))
         elif isinstance(message, StatsRequest):
-            models = self.models.stats(message.model, message.version)
+            models = self.models.stats(message.model, message.version,
+                                       self.ensembles.in_flight)
             self.frontends.send(identity, StatsReply(message.query_id, models))
 
     def submit(self, identity: bytes, request: InferRequest, now: float) -> None:

@@ -8,6 +8,7 @@ import logging
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 
 from google.protobuf import json_format
 
@@ -165,7 +166,15 @@ class ModelManager:
         return RepositorySnapshot(models=infos, models_ready=models_ready, exiting=exiting,
                                   unloaded=sorted(failed), failed=failed)
 
-    def stats(self, model: str, version: int) -> list[ModelStats]:
-        return [r.stats.snapshot(len(r.requests) - sum(len(k) for k in r.batches.values()))
-                for r in self.runtimes()
+    def stats(self, model: str, version: int,
+              ensemble_pending: Callable[[ModelVersionRuntime], int] | None = None
+              ) -> list[ModelStats]:
+        """``pending``: requests queued and not executing; for an ensemble, its unanswered
+        requests (``ensemble_pending``)."""
+        def pending(r: ModelVersionRuntime) -> int:
+            if r.ensemble is not None and ensemble_pending is not None:
+                return ensemble_pending(r)
+            return len(r.requests) - sum(len(k) for k in r.batches.values())
+
+        return [r.stats.snapshot(pending(r)) for r in self.runtimes()
                 if (not model or r.name == model) and (version < 0 or r.version == version)]

@@ -140,6 +140,17 @@ def test_limit_holds_step_calls_until_answers_free_slots_and_every_request_compl
     assert broker.runtime.stats.snapshot(0).success.count == 3
 
 
+def test_in_flight_counts_the_unanswered_requests_of_the_ensemble() -> None:
+    broker = Broker(docs_plan(), limit=1)
+    runtime = cast(ModelVersionRuntime, broker.runtime)
+    for request_id in (1, 2):
+        broker.start(request_id)
+    assert broker.driver.in_flight(runtime) == 2  # the ensemble's `pending` statistic
+    while broker.pending:
+        broker.reply(broker.pending[0].model)
+    assert broker.driver.in_flight(runtime) == 0
+
+
 def test_without_a_limit_all_first_steps_are_issued_at_once() -> None:
     broker = Broker(docs_plan())
     for request_id in (1, 2, 3):
