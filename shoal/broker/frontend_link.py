@@ -16,13 +16,12 @@ from collections.abc import Callable, Iterator
 
 import zmq
 
+from shoal.broker.router import bind_router, drain_router
 from shoal.messages import (
     InferResponse,
     InferResponseBatch,
     Lease,
     Message,
-    UnknownMessage,
-    decode,
     encode,
 )
 
@@ -32,9 +31,7 @@ logger = logging.getLogger(__name__)
 class FrontendLink:
     def __init__(self, context: zmq.Context[zmq.Socket[bytes]], endpoint: str,
                  on_undelivered: Callable[[list[Lease]], None]) -> None:
-        self.socket = context.socket(zmq.ROUTER)
-        self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        self.socket.bind(endpoint)
+        self.socket = bind_router(context, endpoint)
         self.known: set[bytes] = set()
         self.stopping = False  # frontends exit first at shutdown: losing one is expected then
         self._answers: dict[bytes, list[InferResponse]] = defaultdict(list)
@@ -42,17 +39,7 @@ class FrontendLink:
 
     def receive(self) -> Iterator[tuple[bytes, Message]]:
         """Every message waiting now (malformed ones are logged and dropped)."""
-        while True:
-            try:
-                frames = self.socket.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            try:
-                message = decode(frames[1:])
-            except UnknownMessage as exc:
-                logger.warning("dropping malformed frontend message: %s", exc)
-                continue
-            yield frames[0], message
+        return drain_router(self.socket, "frontend")
 
     def answer(self, identity: bytes, response: InferResponse) -> None:
         """Queue a terminal answer for this loop pass."""

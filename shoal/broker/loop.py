@@ -259,7 +259,6 @@ class BrokerLoop:
             if work is None:
                 continue
             if work.error is not None:
-                self.next_batch_id += 1
                 error = Error(work.error.code, work.error.message)
                 for key in work.keys:
                     self.finish_error(runtime, key, error, "OTHER", now)

@@ -69,6 +69,13 @@ class SequenceStateStore:
     layouts: tuple[StateLayout, ...]
     arena: Arena
     _entries: dict[int, _SerialEntry] = field(default_factory=dict)
+    _by_input: dict[str, StateLayout] = field(init=False)
+    _input_of_output: dict[str, str] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._by_input = {layout.spec.input_name: layout for layout in self.layouts}
+        self._input_of_output = {layout.spec.output_name: layout.spec.input_name
+                                 for layout in self.layouts}
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -84,11 +91,10 @@ class SequenceStateStore:
             entry = self._allocate()
             self._entries[assignment.serial] = entry
         entry.in_use += 1
-        by_input = {layout.spec.input_name: layout for layout in self.layouts}
         bindings = []
         for buffers in assignment.buffers:
             slots = entry.states[buffers.input_name]
-            layout = by_input[buffers.input_name]
+            layout = self._by_input[buffers.input_name]
             source, target = slots.buffers[buffers.input_buffer], slots.buffers[
                 buffers.output_buffer]
             bindings.append(StateBinding(
@@ -106,9 +112,8 @@ class SequenceStateStore:
         entry = self._entries.get(serial)
         if entry is None:
             return
-        by_output = {layout.spec.output_name: layout.spec.input_name for layout in self.layouts}
         for state in states:
-            input_name = by_output.get(state.output_name)
+            input_name = self._input_of_output.get(state.output_name)
             if input_name is None:
                 continue
             slots = entry.states[input_name]

@@ -13,7 +13,8 @@ import zmq
 
 from shoal.broker.model_runtime import InstanceSlot, ModelVersionRuntime
 from shoal.broker.pool import WorkerHandle
-from shoal.messages import Message, UnknownMessage, decode, encode
+from shoal.broker.router import bind_router, drain_router
+from shoal.messages import Message, encode
 
 logger = logging.getLogger(__name__)
 
@@ -26,9 +27,7 @@ class WorkerLink:
     def __init__(self, context: zmq.Context[zmq.Socket[bytes]], endpoint: str,
                  poller: zmq.Poller) -> None:
         self.endpoint = endpoint
-        self.socket = context.socket(zmq.ROUTER)
-        self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        self.socket.bind(endpoint)
+        self.socket = bind_router(context, endpoint)
         self.entries: dict[str, WorkerEntry] = {}  # identity -> what the worker serves
         self._by_pidfd: dict[int, str] = {}
         self._poller = poller
@@ -55,20 +54,10 @@ class WorkerLink:
 
     def receive(self) -> Iterator[tuple[WorkerEntry, Message]]:
         """Every message waiting now from known workers (others and malformed ones dropped)."""
-        while True:
-            try:
-                frames = self.socket.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            entry = self.entries.get(frames[0].decode().removesuffix(STREAM_SUFFIX))
-            if entry is None:
-                continue
-            try:
-                message = decode(frames[1:])
-            except UnknownMessage as exc:
-                logger.warning("dropping malformed worker message: %s", exc)
-                continue
-            yield entry, message
+        for identity, message in drain_router(self.socket, "worker"):
+            entry = self.entries.get(identity.decode().removesuffix(STREAM_SUFFIX))
+            if entry is not None:
+                yield entry, message
 
     def send(self, identity: str, message: Message) -> None:
         try:

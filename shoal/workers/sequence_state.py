@@ -44,14 +44,15 @@ def write_output_states(request: WorkerRequest, response: BackendResponse, view_
     was written, or the Error that replaces the response."""
     bindings = {b.output_name: b for b in request.states}
     produced = {t.name: t for t in response.outputs if t.name in bindings}
+    sizes: dict[str, int] = {}
     for name, tensor in produced.items():
-        problem = _check(bindings[name], tensor.datatype, tensor.array)
-        if problem is not None:
-            return Error(ErrorCode.INVALID_ARG, problem)
+        checked = _checked_nbytes(bindings[name], tensor.datatype, tensor.array)
+        if isinstance(checked, str):
+            return Error(ErrorCode.INVALID_ARG, checked)
+        sizes[name] = checked
     written: list[WrittenState] = []
     for name, tensor in produced.items():
-        binding = bindings[name]
-        nbytes = wire_nbytes(tensor.array, tensor.datatype)
+        binding, nbytes = bindings[name], sizes[name]
         view = view_of(binding.output_region, binding.output_offset, nbytes)
         write_array(view, tensor.array, tensor.datatype)
         written.append(WrittenState(name, list(tensor.array.shape), nbytes))
@@ -61,7 +62,8 @@ def write_output_states(request: WorkerRequest, response: BackendResponse, view_
     return BackendResponse(outputs=kept, parameters=response.parameters), written
 
 
-def _check(binding: StateBinding, datatype: str, array: Any) -> str | None:
+def _checked_nbytes(binding: StateBinding, datatype: str, array: Any) -> int | str:
+    """The output state's size in bytes, or what is wrong with it."""
     name = binding.output_name
     if datatype != binding.datatype:
         return (f"output state '{name}' has data type {datatype}, but the state is declared "
@@ -74,4 +76,4 @@ def _check(binding: StateBinding, datatype: str, array: Any) -> str | None:
     if nbytes > binding.capacity:
         return (f"output state '{name}' needs {nbytes} bytes, more than its state buffer of "
                 f"{binding.capacity} bytes (model parameter 'shoal_state_buffer_bytes')")
-    return None
+    return nbytes

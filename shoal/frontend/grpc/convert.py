@@ -21,7 +21,6 @@ import numpy as np
 from shoal import dtypes
 from shoal.errors import invalid_arg
 from shoal.frontend.http.codec import (
-    INT64_MAX,
     SEQUENCE_END,
     SEQUENCE_START,
     DecodedInput,
@@ -30,7 +29,7 @@ from shoal.frontend.http.codec import (
     SharedMemorySlice,
     add_output_parameter,
     check_output_shm,
-    format_dims,
+    checked_element_count,
 )
 from shoal.messages import ModelVersionInfo, ParamValue
 
@@ -162,7 +161,7 @@ def _decode_inputs(message: Any, model_name: str) -> list[DecodedInput]:
         if not dtypes.is_datatype(datatype):
             raise invalid_arg(f"invalid datatype '{datatype}' for input '{name}'")
         shape = _shape(list(tensor.shape), name)
-        count = _element_count(shape, name)
+        count = checked_element_count(shape, name)
         shm = _shared_memory_ref(tensor)
         has_contents = tensor.HasField("contents")
         if shm is not None:
@@ -200,18 +199,6 @@ def _shape(dims: list[int], name: str) -> list[int]:
             f"integers, got {dims!r}"
         )
     return dims
-
-
-def _element_count(shape: list[int], name: str) -> int:
-    count = 1
-    for dim in shape:
-        count *= dim
-    if count > INT64_MAX:
-        raise invalid_arg(
-            f"shape {format_dims(shape)} for input '{name}' causes total element count to "
-            f"exceed maximum size of {INT64_MAX}"
-        )
-    return count
 
 
 def typed_contents_bytes(

@@ -26,11 +26,11 @@ from shoal.frontend.grpc.convert import parameter_value
 from shoal.frontend.grpc.inference import GrpcInference
 from shoal.frontend.grpc.status import INTERNAL_ERROR_MESSAGE, abort, guarded
 from shoal.frontend.http import documents
-from shoal.frontend.http.app import ModelControl
+from shoal.frontend.http.app import ModelControl, require_model_control
 from shoal.frontend.http.shared_memory import torch_sees_cuda
 from shoal.frontend.shm_registry import DISABLED_MESSAGE
 from shoal.model_config import config_from_json
-from shoal.settings import ModelControlMode, Settings
+from shoal.settings import Settings
 
 if TYPE_CHECKING:
     from shoal.frontend.dataplane import DataPlane
@@ -132,13 +132,7 @@ class InferenceServicer:
         return json_format.ParseDict({"models": index}, pb.RepositoryIndexResponse())
 
     def _control(self, repository_name: str) -> ModelControl:
-        if repository_name:
-            raise unsupported("'repository_name' specification is not supported")
-        if self.settings.model_control_mode is not ModelControlMode.EXPLICIT:
-            raise unavailable("explicit model load / unload is not allowed if polling is enabled")
-        if self.model_control is None:
-            raise unsupported("model load / unload is not supported by this server")
-        return self.model_control
+        return require_model_control(self.settings, self.model_control, bool(repository_name))
 
     @guarded
     async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:

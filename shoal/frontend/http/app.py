@@ -58,6 +58,18 @@ class ModelControl(Protocol):
     async def unload_model(self, name: str, unload_dependents: bool) -> None: ...
 
 
+def require_model_control(settings: Settings, control: ModelControl | None,
+                          repository_named: bool) -> ModelControl:
+    """The load / unload gate shared by HTTP and gRPC, with Triton's messages."""
+    if repository_named:
+        raise unsupported("'repository_name' specification is not supported")
+    if settings.model_control_mode is not ModelControlMode.EXPLICIT:
+        raise unavailable("explicit model load / unload is not allowed if polling is enabled")
+    if control is None:
+        raise unsupported("model load / unload is not supported by this server")
+    return control
+
+
 def json_response(document: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(document), status, media_type=JSON_CONTENT_TYPE)
 
@@ -159,13 +171,8 @@ class HttpApi:
         return json_response(documents.repository_index(self.dataplane.snapshot, ready))
 
     def _control(self, request: Request) -> ModelControl:
-        if "repository" in request.path_params:
-            raise unsupported("'repository_name' specification is not supported")
-        if self.settings.model_control_mode is not ModelControlMode.EXPLICIT:
-            raise unavailable("explicit model load / unload is not allowed if polling is enabled")
-        if self.model_control is None:
-            raise unsupported("model load / unload is not supported by this server")
-        return self.model_control
+        return require_model_control(self.settings, self.model_control,
+                                     "repository" in request.path_params)
 
     async def load_model(self, request: Request) -> Response:
         control = self._control(request)

@@ -239,7 +239,7 @@ def _decode_inputs(
             raise invalid_arg("Unable to parse 'name' of an input: expected a string")
         datatype = _decode_datatype(item.get("datatype"), name)
         shape = _decode_shape(item.get("shape"), name)
-        count = _element_count(shape, name)
+        count = checked_element_count(shape, name)
         params = item.get("parameters", {})
         if not isinstance(params, dict):
             raise invalid_arg(f"Unable to parse 'parameters' for input '{name}'")
@@ -308,7 +308,8 @@ def _decode_shape(value: Any, name: str) -> list[int]:
     )
 
 
-def _element_count(shape: list[int], name: str) -> int:
+def checked_element_count(shape: list[int], name: str) -> int:
+    """Elements of input ``name`` of this shape; INVALID_ARG past int64 (Triton's message)."""
     count = 1
     for dim in shape:
         count *= dim

@@ -104,14 +104,18 @@ class PythonBackend:
             returned = self._await_if_needed(self._model.execute(pb_requests))
             responses = _check_returned(pb_requests, returned)
         except Exception as exc:
-            logger.exception("model instance '%s' failed to execute %d request(s)",
-                             self._instance_name, len(requests))
-            error = Error(ErrorCode.INTERNAL,
-                          f"Failed to process the request(s) for model '{self._instance_name}', "
-                          f"message: {type(exc).__name__}: {exc}")
+            error = self._execute_failed(exc, len(requests))
             return [error] * len(requests)
         return [self._convert_response(response, request)
                 for response, request in zip(responses, requests, strict=True)]
+
+    def _execute_failed(self, exc: Exception, count: int) -> Error:
+        """execute() raised: logged once, and the error every request of the call gets."""
+        logger.exception("model instance '%s' failed to execute %d request(s)",
+                         self._instance_name, count)
+        return Error(ErrorCode.INTERNAL,
+                     f"Failed to process the request(s) for model '{self._instance_name}', "
+                     f"message: {type(exc).__name__}: {exc}")
 
     def _execute_decoupled(
         self, requests: list[BackendRequest], pb_requests: list[InferenceRequest]
@@ -122,11 +126,7 @@ class PythonBackend:
         try:
             self._await_if_needed(self._model.execute(pb_requests))
         except Exception as exc:
-            logger.exception("model instance '%s' failed to execute %d request(s)",
-                             self._instance_name, len(requests))
-            error = Error(ErrorCode.INTERNAL,
-                          f"Failed to process the request(s) for model '{self._instance_name}', "
-                          f"message: {type(exc).__name__}: {exc}")
+            error = self._execute_failed(exc, len(requests))
             return [None if (p._sender is not None and p._sender.closed) else error
                     for p in pb_requests]
         return [None] * len(requests)
