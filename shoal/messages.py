@@ -30,12 +30,25 @@ class Error(msgspec.Struct, frozen=True, array_like=True):
     message: str
 
 
+class CudaHandle(msgspec.Struct, frozen=True, array_like=True):
+    """A client's CUDA allocation as registered (CUDA shared-memory extension): the 64-byte
+    ``cudaIpcMemHandle_t`` of the allocation, the server device ordinal to open it on, and the
+    registered size. Workers open it themselves (``shoal.shm.cuda_ipc``), cache the mapping by
+    ``(raw_handle, device_id)`` and check ``byte_size`` against the allocation's real size."""
+
+    raw_handle: bytes
+    device_id: int
+    byte_size: int
+
+
 class TensorRef(msgspec.Struct, frozen=True, array_like=True):
     """A tensor living in shared memory: ``nbytes`` bytes at ``offset`` of segment ``region``
     (a POSIX shm name such as ``/shoal-<id>-fe1234-0``). ``datatype`` is the wire name; BYTES
     tensors are stored in the 4-byte-length framing (``dtypes.serialize_bytes``).
     A region that does not start with the server's segment prefix is a client-registered object
-    (system shared memory extension); readers re-check its real size before touching it."""
+    (system shared memory extension); readers re-check its real size before touching it.
+    With ``cuda`` set the bytes are in a client's CUDA allocation instead: ``region`` is empty
+    and ``offset`` counts from the allocation's start."""
 
     name: str
     datatype: str
@@ -43,6 +56,7 @@ class TensorRef(msgspec.Struct, frozen=True, array_like=True):
     region: str
     offset: int
     nbytes: int
+    cuda: CudaHandle | None = None
 
 
 class OutputTarget(msgspec.Struct, frozen=True, array_like=True):
@@ -54,6 +68,7 @@ class OutputTarget(msgspec.Struct, frozen=True, array_like=True):
     region: str
     offset: int
     nbytes: int
+    cuda: CudaHandle | None = None  # set: a client CUDA allocation (``region`` is empty)
 
 
 class RequestedOutput(msgspec.Struct, frozen=True, array_like=True):
@@ -359,6 +374,13 @@ class CancelExecuting(msgspec.Struct, frozen=True, array_like=True):
     request_ids: list[int]
 
 
+class ForgetCudaHandles(msgspec.Struct, frozen=True, array_like=True):
+    """frontend -> broker -> every worker (control socket): these CUDA registrations ended and
+    no request uses them any more; a worker closes its mapping of each (between batches)."""
+
+    handles: list[CudaHandle]
+
+
 class WorkerReady(msgspec.Struct, frozen=True, array_like=True):
     """worker -> broker, after the model loaded. ``instance`` equals the socket identity."""
 
@@ -397,13 +419,14 @@ class MsgKind(bytes, enum.Enum):
     INFER_RESPONSE_BATCH = b"\x0a"
     STREAM_RESPONSE = b"\x15"
     CANCEL_EXECUTING = b"\x16"
+    FORGET_CUDA_HANDLES = b"\x17"
 
 
 Message = (
     InferRequest | InferResponse | InferRequestBatch | InferResponseBatch | ReleaseLeases
     | CancelRequest | Hello | RepositorySnapshot
     | StatsRequest | StatsReply | Batch | BatchResult | WorkerReady | WorkerLoadFailed
-    | WorkerShutdown | StreamResponse | CancelExecuting
+    | WorkerShutdown | StreamResponse | CancelExecuting | ForgetCudaHandles
 )
 
 _KIND_OF: Final[dict[type[msgspec.Struct], MsgKind]] = {
@@ -424,6 +447,7 @@ _KIND_OF: Final[dict[type[msgspec.Struct], MsgKind]] = {
     WorkerShutdown: MsgKind.WORKER_SHUTDOWN,
     StreamResponse: MsgKind.STREAM_RESPONSE,
     CancelExecuting: MsgKind.CANCEL_EXECUTING,
+    ForgetCudaHandles: MsgKind.FORGET_CUDA_HANDLES,
 }
 _DECODERS: Final[dict[bytes, msgspec.msgpack.Decoder[msgspec.Struct]]] = {
     kind.value: msgspec.msgpack.Decoder(cls) for cls, kind in _KIND_OF.items()

@@ -32,6 +32,7 @@ from shoal.messages import (
     CancelExecuting,
     CancelRequest,
     Error,
+    ForgetCudaHandles,
     Hello,
     InferRequest,
     InferRequestBatch,
@@ -156,6 +157,8 @@ class BrokerLoop:
             self.forward_releases(message.leases)
         elif isinstance(message, CancelRequest):
             self.cancel(identity, message.request_id, now)
+        elif isinstance(message, ForgetCudaHandles):
+            self.workers.send_control_to_all(message)  # each worker unmaps them between batches
         elif isinstance(message, Hello):
             self.frontends.known.add(identity)
             self.frontends.send(identity, self.models.snapshot(self.stopping))

@@ -20,7 +20,7 @@ logger = logging.getLogger(__name__)
 
 WorkerEntry = tuple[WorkerHandle, ModelVersionRuntime, InstanceSlot]
 STREAM_SUFFIX = "#s"  # identity suffix of a worker's stream socket (decoupled responses)
-CONTROL_SUFFIX = "#c"  # identity suffix of a worker's control socket (cancellation)
+CONTROL_SUFFIX = "#c"  # identity suffix of a worker's control socket (cancellation, forgets)
 
 
 class WorkerLink:
@@ -64,6 +64,13 @@ class WorkerLink:
             self.socket.send_multipart([identity.encode(), *encode(message)])
         except zmq.ZMQError as exc:
             logger.warning("cannot reach worker %s: %s", identity, exc)
+
+    def send_control_to_all(self, message: Message) -> None:
+        """``message`` to the control socket of every worker the broker knows (one still loading
+        has no control socket yet and gets nothing: it holds nothing the message could be about).
+        """
+        for identity in self.entries:
+            self.send(identity + CONTROL_SUFFIX, message)
 
     def close(self) -> None:
         self.socket.close(linger=0)
