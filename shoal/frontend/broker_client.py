@@ -21,6 +21,8 @@ import zmq.asyncio
 
 from shoal.messages import (
     CancelRequest,
+    CudaHandle,
+    ForgetCudaHandles,
     Hello,
     InferRequest,
     InferRequestBatch,
@@ -163,6 +165,12 @@ class BrokerClient:
     def cancel(self, request_id: int) -> None:
         self._flush()  # the request itself must reach the broker first
         self._send(CancelRequest(request_id))
+
+    def forget_cuda_handles(self, handles: list[CudaHandle]) -> None:
+        """These CUDA registrations ended and no request uses them any more: the broker passes
+        this on to every worker, which unmaps them. Sent after every request queued so far."""
+        self._flush()
+        self._send(ForgetCudaHandles(handles))
 
     def release(self, lease: Lease) -> None:
         self._releases.append(lease)

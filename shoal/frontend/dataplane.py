@@ -87,7 +87,8 @@ class DataPlane(Protocol):
 
     @property
     def shared_memory(self) -> SharedMemoryRegistry:
-        """This frontend's system shared-memory registry (Triton's extension)."""
+        """This frontend's registry of client shared-memory regions, system and CUDA (Triton's
+        extensions)."""
         ...
 
     def output_view(self, ref: TensorRef) -> memoryview:

@@ -59,18 +59,19 @@ class FrontendDataPlane:
     @property
     def shared_memory(self) -> SharedMemoryRegistry:
         if self._shared_memory is None:  # built on first use
-            from shoal.frontend.shm_registry import SystemSharedMemoryRegistry
+            from shoal.frontend.shm_registry import ClientSharedMemoryRegistry
 
-            self._shared_memory = SystemSharedMemoryRegistry(self.settings)
+            self._shared_memory = ClientSharedMemoryRegistry(
+                self.settings, on_cuda_forget=self.client.forget_cuda_handles)
         return self._shared_memory
 
     async def start(self) -> None:
         await self.client.start()
 
     async def close(self) -> None:
-        await self.client.close()
-        if self._shared_memory is not None:
+        if self._shared_memory is not None:  # first: its CUDA forgets go through the client
             self._shared_memory.close()
+        await self.client.close()
         self.outputs.close()
         self.arena.close()
 

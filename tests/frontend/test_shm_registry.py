@@ -1,4 +1,4 @@
-"""SystemSharedMemoryRegistry against real POSIX shm objects (``/shmtest-<random>``, unlinked after
+"""ClientSharedMemoryRegistry against real POSIX shm objects (``/shmtest-<random>``, unlinked after
 each test) and, for the odd cases (FIFOs, links), files in a temporary directory standing in for
 /dev/shm."""
 
@@ -15,7 +15,7 @@ import posix_ipc
 import pytest
 
 from shoal.errors import ErrorCode, ShoalError
-from shoal.frontend.shm_registry import RegionStatus, SystemSharedMemoryRegistry
+from shoal.frontend.shm_registry import ClientSharedMemoryRegistry, RegionStatus
 from shoal.messages import OutputTarget
 from shoal.settings import Settings
 
@@ -42,8 +42,8 @@ def make_object() -> Iterator[MakeObject]:
 
 
 @pytest.fixture
-def registry() -> Iterator[SystemSharedMemoryRegistry]:
-    reg = SystemSharedMemoryRegistry(ENABLED)
+def registry() -> Iterator[ClientSharedMemoryRegistry]:
+    reg = ClientSharedMemoryRegistry(ENABLED)
     yield reg
     reg.close()
 
@@ -79,7 +79,7 @@ def write(key: str, offset: int, data: bytes) -> None:
 
 
 def test_disabled_registry_refuses_everything_but_status(make_object: MakeObject) -> None:
-    registry = SystemSharedMemoryRegistry(Settings(model_repositories=["/m"]))
+    registry = ClientSharedMemoryRegistry(Settings(model_repositories=["/m"]))
     key = make_object(64)
     for call in (lambda: registry.register("r", key, 0, 64), lambda: registry.unregister("r"),
                  lambda: registry.unregister(None),
@@ -95,7 +95,7 @@ def test_disabled_registry_refuses_everything_but_status(make_object: MakeObject
 
 def test_several_frontend_processes_refuse_registration(make_object: MakeObject) -> None:
     settings = Settings(model_repositories=["/m"], allow_client_shm=True, http_workers=2)
-    registry = SystemSharedMemoryRegistry(settings)
+    registry = ClientSharedMemoryRegistry(settings)
     error = error_of(lambda: registry.register("r", make_object(64), 0, 64))
     assert error.code is ErrorCode.UNSUPPORTED and "--http-workers=1" in error.message
 
@@ -103,7 +103,7 @@ def test_several_frontend_processes_refuse_registration(make_object: MakeObject)
 # ---------------------------------------------------------------- register / status / unregister
 
 
-def test_register_status_and_unregister(registry: SystemSharedMemoryRegistry,
+def test_register_status_and_unregister(registry: ClientSharedMemoryRegistry,
                                         make_object: MakeObject) -> None:
     key_a, key_b = make_object(4096), make_object(100)
     registry.register("b", key_b, 0, 100)
@@ -119,12 +119,12 @@ def test_register_status_and_unregister(registry: SystemSharedMemoryRegistry,
     assert registry.status(None) == [] and open_fds_on(key_b) == 0
 
 
-def test_status_of_an_unknown_region_is_not_found(registry: SystemSharedMemoryRegistry) -> None:
+def test_status_of_an_unknown_region_is_not_found(registry: ClientSharedMemoryRegistry) -> None:
     error = error_of(lambda: registry.status("nope"))
     assert error.code is ErrorCode.NOT_FOUND and "'nope'" in error.message
 
 
-def test_a_name_can_be_registered_once(registry: SystemSharedMemoryRegistry,
+def test_a_name_can_be_registered_once(registry: ClientSharedMemoryRegistry,
                                        make_object: MakeObject) -> None:
     key = make_object(64)
     registry.register("r", key, 0, 64)
@@ -135,7 +135,7 @@ def test_a_name_can_be_registered_once(registry: SystemSharedMemoryRegistry,
 
 
 @pytest.mark.parametrize("spelling", ["{body}", "/{body}", "//{body}"])
-def test_key_spellings_name_the_same_object(registry: SystemSharedMemoryRegistry,
+def test_key_spellings_name_the_same_object(registry: ClientSharedMemoryRegistry,
                                             make_object: MakeObject, spelling: str) -> None:
     key = make_object(16)
     given = spelling.format(body=key[1:])
@@ -150,26 +150,26 @@ def test_key_spellings_name_the_same_object(registry: SystemSharedMemoryRegistry
     "/shoal-0123456789ab.lock", "/shoal-",
 ])
 def test_internal_segments_cannot_be_registered_and_are_not_echoed(
-        registry: SystemSharedMemoryRegistry, key: str) -> None:
+        registry: ClientSharedMemoryRegistry, key: str) -> None:
     error = error_of(lambda: registry.register("r", key, 0, 16))
     assert error.code is ErrorCode.INVALID_ARG and "'r'" in error.message
     assert "shoal-" not in error.message and "/dev/shm" not in error.message
 
 
 @pytest.mark.parametrize("key", ["/", "///", "", "/a/b", "/..", "/.", "/a\x00b", "/" + "k" * 256])
-def test_invalid_keys_are_refused(registry: SystemSharedMemoryRegistry, key: str) -> None:
+def test_invalid_keys_are_refused(registry: ClientSharedMemoryRegistry, key: str) -> None:
     error = error_of(lambda: registry.register("r", key, 0, 16))
     assert error.code is ErrorCode.INVALID_ARG and "'key'" in error.message
 
 
-def test_a_missing_object_is_a_clear_error(registry: SystemSharedMemoryRegistry) -> None:
+def test_a_missing_object_is_a_clear_error(registry: ClientSharedMemoryRegistry) -> None:
     key = f"/shmtest-{secrets.token_hex(6)}"
     error = error_of(lambda: registry.register("r", key, 0, 16))
     assert error.code is ErrorCode.INVALID_ARG
     assert key in error.message and "no such shared memory object" in error.message
 
 
-def test_region_name_is_required(registry: SystemSharedMemoryRegistry,
+def test_region_name_is_required(registry: ClientSharedMemoryRegistry,
                                  make_object: MakeObject) -> None:
     key = make_object(16)
     assert "region name" in error_of(lambda: registry.register("", key, 0, 16)).message
@@ -180,7 +180,7 @@ def test_region_name_is_required(registry: SystemSharedMemoryRegistry,
     (0, 4097), (4096, 1), (1, 4096), (2**63 - 1, 1), (1, 2**63 - 1), (2**64 - 1, 2**64 - 1),
     (0, 0), (-1, 16), (0, -16),
 ])
-def test_registration_must_lie_inside_the_object(registry: SystemSharedMemoryRegistry,
+def test_registration_must_lie_inside_the_object(registry: ClientSharedMemoryRegistry,
                                                  make_object: MakeObject, offset: int,
                                                  byte_size: int) -> None:
     key = make_object(4096)
@@ -192,7 +192,7 @@ def test_registration_must_lie_inside_the_object(registry: SystemSharedMemoryReg
 def test_caps_on_region_count_and_bytes(make_object: MakeObject) -> None:
     settings = Settings(model_repositories=["/m"], allow_client_shm=True,
                         client_shm_max_regions=2, client_shm_max_bytes=100)
-    registry = SystemSharedMemoryRegistry(settings)
+    registry = ClientSharedMemoryRegistry(settings)
     key = make_object(100)
     try:
         registry.register("a", key, 0, 60)
@@ -212,14 +212,14 @@ def test_caps_on_region_count_and_bytes(make_object: MakeObject) -> None:
 
 
 @pytest.fixture
-def fake_shm_dir(tmp_path: pathlib.Path) -> Iterator[tuple[SystemSharedMemoryRegistry,
+def fake_shm_dir(tmp_path: pathlib.Path) -> Iterator[tuple[ClientSharedMemoryRegistry,
                                                           pathlib.Path]]:
-    registry = SystemSharedMemoryRegistry(ENABLED, shm_directory=str(tmp_path))
+    registry = ClientSharedMemoryRegistry(ENABLED, shm_directory=str(tmp_path))
     yield registry, tmp_path
     registry.close()
 
 
-def test_a_fifo_is_refused_without_blocking(fake_shm_dir: tuple[SystemSharedMemoryRegistry,
+def test_a_fifo_is_refused_without_blocking(fake_shm_dir: tuple[ClientSharedMemoryRegistry,
                                                                 pathlib.Path]) -> None:
     registry, directory = fake_shm_dir
     os.mkfifo(directory / "pipe")
@@ -227,7 +227,7 @@ def test_a_fifo_is_refused_without_blocking(fake_shm_dir: tuple[SystemSharedMemo
     assert "does not name a shared memory object" in error.message
 
 
-def test_links_are_refused(fake_shm_dir: tuple[SystemSharedMemoryRegistry,
+def test_links_are_refused(fake_shm_dir: tuple[ClientSharedMemoryRegistry,
                                                pathlib.Path]) -> None:
     registry, directory = fake_shm_dir
     (directory / "real").write_bytes(b"\0" * 64)
@@ -240,7 +240,7 @@ def test_links_are_refused(fake_shm_dir: tuple[SystemSharedMemoryRegistry,
 # ---------------------------------------------------------------- use by requests
 
 
-def test_resolve_input_points_into_the_object(registry: SystemSharedMemoryRegistry,
+def test_resolve_input_points_into_the_object(registry: ClientSharedMemoryRegistry,
                                               make_object: MakeObject) -> None:
     key = make_object(4096)
     registry.register("r", key, 1000, 2000)
@@ -251,7 +251,7 @@ def test_resolve_input_points_into_the_object(registry: SystemSharedMemoryRegist
     assert target == OutputTarget(key, 2000, 1000)
 
 
-def test_unknown_region_names_region_and_tensor(registry: SystemSharedMemoryRegistry) -> None:
+def test_unknown_region_names_region_and_tensor(registry: ClientSharedMemoryRegistry) -> None:
     error = error_of(lambda: registry.resolve_input(1, "ghost", 0, 4, "X", "FP32", [1]))
     assert error.code is ErrorCode.NOT_FOUND
     assert "'ghost'" in error.message and "'X'" in error.message
@@ -263,7 +263,7 @@ def test_unknown_region_names_region_and_tensor(registry: SystemSharedMemoryRegi
     (0, 101), (100, 4), (97, 4), (2**63 - 1, 4), (4, 2**63 - 1), (2**64 - 1, 2**64 - 1),
     (-4, 4), (0, -4),
 ])
-def test_slices_past_the_region_are_refused(registry: SystemSharedMemoryRegistry,
+def test_slices_past_the_region_are_refused(registry: ClientSharedMemoryRegistry,
                                             make_object: MakeObject, offset: int,
                                             byte_size: int) -> None:
     key = make_object(4096)
@@ -277,7 +277,7 @@ def test_slices_past_the_region_are_refused(registry: SystemSharedMemoryRegistry
     assert open_fds_on(key) == 0  # nothing was marked in use
 
 
-def test_input_byte_size_must_match_the_tensor(registry: SystemSharedMemoryRegistry,
+def test_input_byte_size_must_match_the_tensor(registry: ClientSharedMemoryRegistry,
                                                make_object: MakeObject) -> None:
     key = make_object(64)
     registry.register("r", key, 0, 64)
@@ -286,7 +286,7 @@ def test_input_byte_size_must_match_the_tensor(registry: SystemSharedMemoryRegis
     assert "'X'" in error.message and "16" in error.message and "12" in error.message
 
 
-def test_a_truncated_object_is_an_error_not_a_crash(registry: SystemSharedMemoryRegistry,
+def test_a_truncated_object_is_an_error_not_a_crash(registry: ClientSharedMemoryRegistry,
                                                     make_object: MakeObject) -> None:
     key = make_object(4096)
     registry.register("r", key, 0, 4096)
@@ -302,7 +302,7 @@ def frame(*items: bytes) -> bytes:
     return b"".join(struct.pack("<I", len(item)) + item for item in items)
 
 
-def test_bytes_inputs_are_checked_for_framing(registry: SystemSharedMemoryRegistry,
+def test_bytes_inputs_are_checked_for_framing(registry: ClientSharedMemoryRegistry,
                                               make_object: MakeObject) -> None:
     key = make_object(256)
     good = frame(b"alpha", b"", b"\x00\xff")
@@ -319,7 +319,7 @@ def test_bytes_inputs_are_checked_for_framing(registry: SystemSharedMemoryRegist
         assert needle in error.message and "'S'" in error.message
 
 
-def test_bytes_framing_spanning_read_chunks(registry: SystemSharedMemoryRegistry,
+def test_bytes_framing_spanning_read_chunks(registry: ClientSharedMemoryRegistry,
                                             make_object: MakeObject) -> None:
     items = [bytes([i % 251]) * (i * 37 % 3000) for i in range(1200)]
     data = frame(*items)
@@ -337,7 +337,7 @@ def test_bytes_framing_spanning_read_chunks(registry: SystemSharedMemoryRegistry
 
 
 def test_unregister_while_in_use_is_deferred_until_the_request_ends(
-        registry: SystemSharedMemoryRegistry, make_object: MakeObject) -> None:
+        registry: ClientSharedMemoryRegistry, make_object: MakeObject) -> None:
     key = make_object(64)
     registry.register("r", key, 0, 64)
     registry.resolve_input(1, "r", 0, 16, "X", "FP32", [4])
@@ -360,7 +360,7 @@ def test_unregister_while_in_use_is_deferred_until_the_request_ends(
 def test_a_retiring_region_still_counts_against_the_caps(make_object: MakeObject) -> None:
     settings = Settings(model_repositories=["/m"], allow_client_shm=True,
                         client_shm_max_regions=1)
-    registry = SystemSharedMemoryRegistry(settings)
+    registry = ClientSharedMemoryRegistry(settings)
     key = make_object(64)
     try:
         registry.register("r", key, 0, 64)
@@ -375,7 +375,7 @@ def test_a_retiring_region_still_counts_against_the_caps(make_object: MakeObject
 
 
 def test_close_releases_every_object(make_object: MakeObject) -> None:
-    registry = SystemSharedMemoryRegistry(ENABLED)
+    registry = ClientSharedMemoryRegistry(ENABLED)
     keys = [make_object(32) for _ in range(3)]
     for i, key in enumerate(keys):
         registry.register(f"r{i}", key, 0, 32)

@@ -4,15 +4,14 @@ Documents are built by the same code as the HTTP endpoint (``http/documents.py``
 the protobuf messages with ``json_format.ParseDict``, so both protocols report the same metadata,
 statistics and repository index. Behaviour matches the HTTP endpoint: load/unload refused unless
 ``--model-control-mode=explicit``, the logging settings are the process's (shared with HTTP),
-trace is not supported (Triton's answer when tracing is not built in), shared-memory RPCs go to
-the DataPlane's registry, and CUDA shared memory is refused as over HTTP.
+trace is not supported (Triton's answer when tracing is not built in), shared-memory RPCs (system
+and CUDA) go to the DataPlane's registry with the HTTP endpoint's checks and texts.
 
 Threads: grpc.aio runs every method on the frontend's event loop.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any, Final
@@ -21,14 +20,14 @@ import grpc
 from google.protobuf import json_format
 from tritonclient.grpc import service_pb2 as pb
 
-from shoal.errors import ShoalError, invalid_arg, not_found, unavailable, unsupported
+from shoal.errors import ShoalError, invalid_arg, unavailable
 from shoal.frontend.grpc.convert import parameter_value
 from shoal.frontend.grpc.inference import GrpcInference
 from shoal.frontend.grpc.status import INTERNAL_ERROR_MESSAGE, abort, guarded
 from shoal.frontend.http import documents
 from shoal.frontend.http.app import ModelControl, require_model_control
-from shoal.frontend.http.shared_memory import torch_sees_cuda
-from shoal.frontend.shm_registry import DISABLED_MESSAGE
+from shoal.frontend.http.shared_memory import CUDA_SHM_NO_DEVICE as CUDA_SHM_NO_DEVICE
+from shoal.frontend.http.shared_memory import register_cuda_region
 from shoal.model_config import config_from_json
 from shoal.settings import Settings
 
@@ -36,10 +35,6 @@ if TYPE_CHECKING:
     from shoal.frontend.dataplane import DataPlane
     from shoal.frontend.http.log_settings import ProcessLogSettings
 
-CUDA_SHM_NO_DEVICE: Final = "CUDA shared memory is not supported: torch sees no CUDA device"
-CUDA_SHM_NOT_IMPLEMENTED: Final = (
-    "CUDA shared memory is not supported by this server yet; use system shared memory"
-)
 TRACE_UNSUPPORTED: Final = "the server does not support trace"
 SERVER_EXITING: Final = "Server exiting"
 
@@ -174,37 +169,25 @@ class InferenceServicer:
         self.dataplane.shared_memory.unregister(request.name or None)
         return pb.SystemSharedMemoryUnregisterResponse()
 
-    # CUDA shared memory is not implemented; the answers (and texts) are the HTTP endpoint's
-    # (http/shared_memory.py): status lists nothing, register is refused saying why, unregister
-    # has nothing to do.
-
     @guarded
     async def CudaSharedMemoryStatus(self, request: Any, context: Any) -> Any:
-        if not request.name:
-            return pb.CudaSharedMemoryStatusResponse()
-        if any(r.name == request.name for r in self.dataplane.shared_memory.status(None)):
-            raise not_found(f"The region named '{request.name}' is registered as system shared "
-                            "memory, not CUDA shared memory")
-        raise not_found(f"Unable to find cuda shared memory region: '{request.name}'")
+        reply = pb.CudaSharedMemoryStatusResponse()
+        for region in self.dataplane.shared_memory.cuda_status(request.name or None):
+            status = reply.regions[region.name]
+            status.name, status.device_id = region.name, region.device_id
+            status.byte_size = region.byte_size
+        return reply
 
     @guarded
     async def CudaSharedMemoryRegister(self, request: Any, context: Any) -> Any:
-        self._check_client_shm()
-        if not request.name:
-            raise invalid_arg("'region name' is necessary to register cuda shared memory "
-                              "region")
-        if not await asyncio.to_thread(torch_sees_cuda):
-            raise unsupported(CUDA_SHM_NO_DEVICE)
-        raise unsupported(CUDA_SHM_NOT_IMPLEMENTED)
+        await register_cuda_region(self.dataplane.shared_memory, self.settings, request.name,
+                                   request.raw_handle, request.device_id, request.byte_size)
+        return pb.CudaSharedMemoryRegisterResponse()
 
     @guarded
     async def CudaSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
-        self._check_client_shm()
-        return pb.CudaSharedMemoryUnregisterResponse()  # no CUDA region can exist
-
-    def _check_client_shm(self) -> None:
-        if not self.settings.allow_client_shm:
-            raise unsupported(DISABLED_MESSAGE)
+        self.dataplane.shared_memory.cuda_unregister(request.name or None)
+        return pb.CudaSharedMemoryUnregisterResponse()
 
     # ---------------------------------------------------------------- trace and logging
 

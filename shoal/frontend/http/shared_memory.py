@@ -2,19 +2,23 @@
 
 Routes (Triton's regex ``/v2/(system|cuda)sharedmemory(?:/region/([^/]+))?/(status|register|
 unregister)``): ``GET .../status`` answers a JSON array; ``POST .../region/R/register`` with
-``{"key", "offset"?, "byte_size"}`` and ``POST ...[/region/R]/unregister`` answer 200 with an
-empty body. Register/unregister need ``--allow-client-shm`` (UNSUPPORTED otherwise, as Triton since
-2.69); status always works. System and CUDA regions share one namespace.
+``{"key", "offset"?, "byte_size"}`` (system) or ``{"raw_handle": {"b64"}, "device_id",
+"byte_size"}`` (CUDA) and ``POST ...[/region/R]/unregister`` answer 200 with an empty body.
+Register/unregister need ``--allow-client-shm`` (UNSUPPORTED otherwise, as Triton since 2.69);
+status always works. System and CUDA regions share one namespace; status and unregister of one
+kind see only regions of that kind.
 
-CUDA shared memory is not implemented: register is refused with UNSUPPORTED (saying why when
-torch sees no CUDA device), status lists nothing and unregister has nothing to do.
+CUDA registration needs a CUDA device the server can use (``server_cuda_devices``, shared with
+the gRPC service): UNSUPPORTED when torch sees none.
 
-Threads: the event loop (the registry is single-threaded), except the one-off CUDA probe.
+Threads: the event loop (the registry is single-threaded), except the one-off CUDA probes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import functools
 import os
 from collections.abc import Awaitable, Callable
@@ -25,11 +29,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from shoal.errors import invalid_arg, not_found, unsupported
+from shoal.errors import invalid_arg, unsupported
 from shoal.frontend.http.errors import JSON_CONTENT_TYPE
 from shoal.frontend.http.infer import read_body
 from shoal.frontend.http.jsonparse import parse_json_object
 from shoal.frontend.shm_registry import DISABLED_MESSAGE
+from shoal.shm.cuda_ipc import fake_ipc_enabled
 
 if TYPE_CHECKING:
     from shoal.frontend.dataplane import DataPlane
@@ -40,6 +45,7 @@ Endpoint = Callable[[Request], Awaitable[Response]]
 UINT64_MAX: Final = (1 << 64) - 1
 # device nodes without which no CUDA runtime (hence torch) can see a GPU: Linux driver, WSL
 _CUDA_DEVICE_NODES: Final = ("/dev/nvidiactl", "/dev/dxg")
+CUDA_SHM_NO_DEVICE: Final = "CUDA shared memory is not supported: torch sees no CUDA device"
 
 
 def _json(document: Any) -> Response:
@@ -66,6 +72,41 @@ def torch_sees_cuda() -> bool:
     except ImportError:
         return False
     return bool(torch.cuda.is_available())
+
+
+@functools.cache
+def cuda_device_count() -> int:
+    """``torch.cuda.device_count()``, 0 when ``torch_sees_cuda()`` is false. Blocking (the
+    first call); call it off the event loop."""
+    if not torch_sees_cuda():
+        return 0
+    import torch
+
+    return int(torch.cuda.device_count())
+
+
+async def server_cuda_devices() -> int:
+    """How many CUDA devices registrations may name (device ids ``0 .. n-1``): one with the
+    test-only fake IPC (``SHOAL_FAKE_CUDA_IPC=1``), else torch's count, probed once in a thread.
+    None -> ShoalError(UNSUPPORTED, CUDA_SHM_NO_DEVICE)."""
+    if fake_ipc_enabled():
+        return 1
+    count = await asyncio.to_thread(cuda_device_count)
+    if count <= 0:
+        raise unsupported(CUDA_SHM_NO_DEVICE)
+    return count
+
+
+async def register_cuda_region(registry: SharedMemoryRegistry, settings: Settings, name: str,
+                               raw_handle: bytes, device_id: int, byte_size: int) -> None:
+    """CUDA register once a transport parsed the request (HTTP and gRPC): enabled, then a name
+    (a client error on any server), then a device to register on, then the registry's checks."""
+    if not settings.allow_client_shm:
+        raise unsupported(DISABLED_MESSAGE)
+    if not name:
+        raise invalid_arg("'region name' is necessary to register cuda shared memory region")
+    device_count = await server_cuda_devices()
+    registry.register_cuda(name, raw_handle, device_id, byte_size, device_count)
 
 
 class SharedMemoryApi:
@@ -102,30 +143,27 @@ class SharedMemoryApi:
         self._registry.unregister(_region(request))
         return _ok()
 
-    # ---------------------------------------------------------------- CUDA (refused)
+    # ---------------------------------------------------------------- CUDA
 
     async def cuda_status(self, request: Request) -> Response:
-        name = _region(request)
-        if name is None:
-            return _json([])
-        if any(r.name == name for r in self._registry.status(None)):
-            raise not_found(f"The region named '{name}' is registered as system shared "
-                            "memory, not CUDA shared memory")
-        raise not_found(f"Unable to find cuda shared memory region: '{name}'")
+        regions = self._registry.cuda_status(_region(request))
+        return _json([{"name": r.name, "device_id": r.device_id, "byte_size": r.byte_size}
+                      for r in regions])
 
     async def cuda_register(self, request: Request) -> Response:
         self._check_enabled()
-        if not _region(request):
-            raise invalid_arg("'region name' is necessary to register cuda shared memory "
-                              "region")
-        if not await asyncio.to_thread(torch_sees_cuda):
-            raise unsupported("CUDA shared memory is not supported: torch sees no CUDA device")
-        raise unsupported("CUDA shared memory is not supported by this server yet; use system "
-                          "shared memory")
+        name = _region(request) or ""
+        document = await self._body(request)
+        raw_handle = _raw_handle(document)
+        device_id = _uint_field(document, "device_id", required=True)
+        byte_size = _uint_field(document, "byte_size", required=True)
+        await register_cuda_region(self._registry, self._settings, name, raw_handle, device_id,
+                                   byte_size)
+        return _ok()
 
     async def cuda_unregister(self, request: Request) -> Response:
-        self._check_enabled()
-        return _ok()  # no CUDA region can exist
+        self._registry.cuda_unregister(_region(request))
+        return _ok()
 
     # ---------------------------------------------------------------- helpers
 
@@ -160,3 +198,17 @@ def _uint_field(document: dict[str, Any], key: str, *, required: bool) -> int:
     if type(value) is not int or not 0 <= value <= UINT64_MAX:
         raise invalid_arg(f"Unable to parse '{key}': expected an unsigned integer")
     return value
+
+
+def _raw_handle(document: dict[str, Any]) -> bytes:
+    """``{"raw_handle": {"b64": "<base64>"}}`` decoded (its length is the registry's check)."""
+    if "raw_handle" not in document:
+        raise invalid_arg("Shared memory register request has no 'raw_handle' field")
+    value = document["raw_handle"]
+    encoded = value.get("b64") if isinstance(value, dict) else None
+    if not isinstance(encoded, str):
+        raise invalid_arg("Unable to parse 'raw_handle': expected {\"b64\": \"<base64>\"}")
+    try:
+        return base64.b64decode(encoded, validate=True)
+    except (binascii.Error, ValueError):
+        raise invalid_arg("Unable to parse 'raw_handle': 'b64' is not valid base64") from None

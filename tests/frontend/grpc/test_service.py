@@ -1,6 +1,7 @@
 """The gRPC service in-process: a real grpc.aio server over a fake DataPlane, spoken to with the
 generated stub. Covers every RPC, the status mapping, stream ordering / multiplexing / in-band
-errors / empty finals, and cancellation reaching the DataPlane."""
+errors / empty finals, and cancellation reaching the DataPlane. The CUDA shared-memory RPCs:
+``test_cuda_shared_memory_grpc.py``."""
 
 from __future__ import annotations
 
@@ -20,10 +21,8 @@ from shoal.frontend.grpc.convert import EMPTY_FINAL_RESPONSE
 from shoal.frontend.grpc.encode import FINAL_RESPONSE
 from shoal.frontend.grpc.inference import DECOUPLED_UNARY_MESSAGE
 from shoal.frontend.grpc.server import create_grpc_server
-from shoal.frontend.grpc.service import CUDA_SHM_NO_DEVICE, CUDA_SHM_NOT_IMPLEMENTED
 from shoal.frontend.http.app import create_app
 from shoal.frontend.http.log_settings import ProcessLogSettings
-from shoal.frontend.shm_registry import DISABLED_MESSAGE
 from shoal.messages import TensorSpec
 from shoal.settings import Settings
 from tests.e2e.server import free_port
@@ -329,7 +328,7 @@ def test_metadata_config_statistics_and_index(dataplane: StreamingFakeDataPlane)
     serve(dataplane, test)
 
 
-def test_load_unload_trace_and_cuda_shared_memory_are_refused(
+def test_load_unload_and_trace_are_refused(
         dataplane: StreamingFakeDataPlane) -> None:
     async def test(stub: Any, channel: Any) -> None:
         error = await rpc_error(stub.RepositoryModelLoad(
@@ -342,31 +341,8 @@ def test_load_unload_trace_and_cuda_shared_memory_are_refused(
         assert error.code() == grpc.StatusCode.UNIMPLEMENTED
         error = await rpc_error(stub.TraceSetting(pb.TraceSettingRequest()))
         assert error.code() == grpc.StatusCode.UNAVAILABLE
-        status = await stub.CudaSharedMemoryStatus(pb.CudaSharedMemoryStatusRequest())
-        assert len(status.regions) == 0
-        error = await rpc_error(stub.CudaSharedMemoryStatus(
-            pb.CudaSharedMemoryStatusRequest(name="x")))
-        assert (error.code(), error.details()) == (
-            grpc.StatusCode.NOT_FOUND, "Unable to find cuda shared memory region: 'x'")
-        for call in (stub.CudaSharedMemoryRegister(pb.CudaSharedMemoryRegisterRequest(
-                name="c", byte_size=4)), stub.CudaSharedMemoryUnregister(
-                pb.CudaSharedMemoryUnregisterRequest())):
-            error = await rpc_error(call)
-            assert (error.code(), error.details()) == (grpc.StatusCode.UNIMPLEMENTED,
-                                                       DISABLED_MESSAGE)
 
     serve(dataplane, test)
-
-
-def test_cuda_shared_memory_with_client_shm_allowed(dataplane: StreamingFakeDataPlane) -> None:
-    async def test(stub: Any, channel: Any) -> None:
-        error = await rpc_error(stub.CudaSharedMemoryRegister(
-            pb.CudaSharedMemoryRegisterRequest(name="c", byte_size=4)))
-        assert error.code() == grpc.StatusCode.UNIMPLEMENTED
-        assert error.details() in (CUDA_SHM_NO_DEVICE, CUDA_SHM_NOT_IMPLEMENTED)
-        await stub.CudaSharedMemoryUnregister(pb.CudaSharedMemoryUnregisterRequest(name="c"))
-
-    serve(dataplane, test, allow_client_shm=True)
 
 
 def test_system_shared_memory_goes_through_the_registry(

@@ -1,7 +1,8 @@
 """The system shared-memory extension over HTTP, without server processes: the ``shared_memory_*``
-tensor parameters (decoding, validation), the register/status/unregister routes, the CUDA
-refusal, and infer with inputs and outputs in real POSIX shm objects (``/shmtest-<random>``)
-through an in-test DataPlane that reads and writes the client's objects as a worker would."""
+tensor parameters (decoding, validation), the register/status/unregister routes, and infer with
+inputs and outputs in real POSIX shm objects (``/shmtest-<random>``) through an in-test
+DataPlane that reads and writes the client's objects as a worker would. CUDA regions:
+``test_cuda_shared_memory_http.py``."""
 
 from __future__ import annotations
 
@@ -23,9 +24,8 @@ from shoal.errors import ErrorCode, ShoalError, invalid_arg
 from shoal.frontend.dataplane import InferOutcome
 from shoal.frontend.http.app import create_app
 from shoal.frontend.http.codec import SharedMemorySlice, decode_infer_request
-from shoal.frontend.http.shared_memory import torch_sees_cuda
 from shoal.frontend.http.validation import validate_request
-from shoal.frontend.shm_registry import SystemSharedMemoryRegistry
+from shoal.frontend.shm_registry import ClientSharedMemoryRegistry
 from shoal.messages import InferRequest, InferResponse, Lease, TensorRef, TensorSpec
 from shoal.settings import Settings
 from shoal.shm.arena import Slot
@@ -146,8 +146,8 @@ class ShmFakeDataPlane(FakeDataPlane):
     objects (as a worker does) and releases the request's regions at the end (as the real
     DataPlane does)."""
 
-    shared_memory: SystemSharedMemoryRegistry = field(
-        default_factory=lambda: SystemSharedMemoryRegistry(ENABLED))
+    shared_memory: ClientSharedMemoryRegistry = field(
+        default_factory=lambda: ClientSharedMemoryRegistry(ENABLED))
     ended: list[int] = field(default_factory=list)
 
     async def infer(self, request: InferRequest, slots: list[Slot]) -> InferOutcome:
@@ -289,7 +289,7 @@ def test_wrong_methods_are_405(dataplane: ShmFakeDataPlane) -> None:
 
 def test_disabled_server_answers_501_except_status(make_object: Callable[[int], str]) -> None:
     plane = ShmFakeDataPlane(models=[make_model("identity")],
-                             shared_memory=SystemSharedMemoryRegistry(DISABLED))
+                             shared_memory=ClientSharedMemoryRegistry(DISABLED))
     key = make_object(64)
     with app_client(plane, DISABLED) as client:
         for path in ("/v2/systemsharedmemory/region/r/register",
@@ -304,23 +304,6 @@ def test_disabled_server_answers_501_except_status(make_object: Callable[[int], 
         body = {"inputs": [shm_input(shared_memory_region="r", shared_memory_byte_size=16)]}
         reply = client.post("/v2/models/identity/infer", json=body)
         assert reply.status_code == 501 and "--allow-client-shm" in reply.json()["error"]
-
-
-def test_cuda_shared_memory_is_refused(dataplane: ShmFakeDataPlane,
-                                       make_object: Callable[[int], str]) -> None:
-    with app_client(dataplane) as client:
-        reply = client.post("/v2/cudasharedmemory/region/g/register",
-                            json={"raw_handle": {"b64": "AA=="}, "device_id": 0, "byte_size": 8})
-        assert reply.status_code == 501
-        if not torch_sees_cuda():
-            assert reply.json()["error"] == ("CUDA shared memory is not supported: torch sees "
-                                             "no CUDA device")
-        assert client.get("/v2/cudasharedmemory/status").json() == []
-        assert client.post("/v2/cudasharedmemory/region/g/unregister").status_code == 200
-        assert register(client, "sys", make_object(8), 8).status_code == 200
-        reply = client.get("/v2/cudasharedmemory/region/sys/status")
-        assert reply.status_code == 404 and "system shared memory" in reply.json()["error"]
-        assert client.get("/v2/cudasharedmemory/region/g/status").status_code == 404
 
 
 def bytes_frame(items: list[bytes]) -> bytes:
