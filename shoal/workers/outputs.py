@@ -1,22 +1,29 @@
 """Writing backend outputs: into the worker's output arena (one lease per batch or per streamed
-response) or straight into a client's shared-memory region when the request named one.
+response) or straight into a client's shared-memory region (system or CUDA) when the request
+named one.
 
 Contract: every arena-backed output of one write call lives in one arena slot, the call's lease;
 the frontend releases each response's lease once, and the slot is freed when every response that
 got the lease has released it (reference count = responses with arena outputs). Outputs written
 into a client region need no lease. Callers serialize calls (the worker holds its output lock).
+An output may be a torch tensor (any device): it goes tensor to tensor into a CUDA region, and
+to the host first anywhere else. Copies into CUDA regions may still run when a call returns: the
+caller synchronizes (``DeviceRegions.synchronize``) before it answers.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
+from shoal.dtypes import element_size, is_datatype
 from shoal.errors import ErrorCode, ShoalError, invalid_arg
 from shoal.messages import Error, Lease, OutputTarget, RequestedOutput, Result, TensorRef
 from shoal.shm.arena import Arena, Slot
 from shoal.shm.client_regions import ClientRegions
 from shoal.shm.tensors import wire_nbytes, write_array
 from shoal.workers.backends.base import BackendResponse, OutputTensor
+from shoal.workers.device_regions import DeviceRegions, host_array, is_torch_tensor
 
 _ALIGN = 64
 
@@ -46,10 +53,12 @@ class _Placed:
 
 
 class OutputWriter:
-    def __init__(self, instance: str, arena: Arena, client: ClientRegions) -> None:
+    def __init__(self, instance: str, arena: Arena, client: ClientRegions,
+                 device: DeviceRegions) -> None:
         self._instance = instance
         self._arena = arena
         self._client = client
+        self._device = device
         self._leases: dict[int, _LeaseEntry] = {}
         self._next_id = 1
 
@@ -122,8 +131,9 @@ class OutputWriter:
         if isinstance(tensors, Error):
             return tensors
         by_name = {r.name: r.target for r in requested}
-        sizes = [wire_nbytes(t.array, t.datatype) for t in tensors]
         targets = [by_name.get(t.name) for t in tensors]
+        tensors = [_for_target(t, target) for t, target in zip(tensors, targets, strict=True)]
+        sizes = [_output_nbytes(t.array, t.datatype) for t in tensors]
         for tensor, size, target in zip(tensors, sizes, targets, strict=True):
             if target is not None and size > target.nbytes:
                 return Error(ErrorCode.INVALID_ARG,
@@ -137,7 +147,13 @@ class OutputWriter:
         refs: list[TensorRef] = []
         for tensor, nbytes, target in zip(placed.tensors, placed.sizes, placed.targets,
                                           strict=True):
-            shape = list(tensor.array.shape)
+            shape = [int(d) for d in tensor.array.shape]
+            if target is not None and target.cuda is not None:
+                written = self._device.write_output(target, tensor.array, tensor.datatype,
+                                                    tensor.name)
+                refs.append(TensorRef(tensor.name, tensor.datatype, shape, "", target.offset,
+                                      written, cuda=target.cuda))
+                continue
             if target is not None:
                 view = self._client.view(target.region, target.offset, nbytes, tensor.name,
                                          writable=True)
@@ -167,6 +183,24 @@ def _select_outputs(
                          f"model did not produce requested output '{out.name}'")
         chosen.append(tensor)
     return chosen
+
+
+def _for_target(tensor: OutputTensor, target: OutputTarget | None) -> OutputTensor:
+    """``tensor`` as it is written to ``target``: a torch tensor stays one only for a CUDA
+    region (tensor-to-tensor copy); elsewhere it becomes a host array."""
+    if not is_torch_tensor(tensor.array):
+        return tensor
+    if target is not None and target.cuda is not None and tensor.datatype != "BYTES":
+        return tensor
+    return OutputTensor(tensor.name, tensor.datatype, host_array(tensor.array))
+
+
+def _output_nbytes(array: Any, datatype: str) -> int:
+    if not is_torch_tensor(array):
+        return wire_nbytes(array, datatype)
+    if not is_datatype(datatype) or datatype == "BYTES":
+        raise invalid_arg(f"unknown datatype '{datatype}'")
+    return int(array.numel()) * element_size(datatype)
 
 
 def error_of(exc: BaseException) -> Error:

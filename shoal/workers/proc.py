@@ -9,7 +9,8 @@ Sockets (all DEALERs to the broker's worker ROUTER):
   ``<identity>``    batches in, BatchResults out; the main thread only.
   ``<identity>#s``  StreamResponses of decoupled models, sent by whatever thread the model
                     answers from, serialized by ``output_lock`` (which also guards the arena).
-  ``<identity>#c``  CancelExecuting in; read by the control thread, which only sets flags.
+  ``<identity>#c``  CancelExecuting and ForgetCudaHandles in; read by the control thread, which
+                    only sets flags and queues forgets (applied between batches).
 
 Lifecycle: load -> WorkerReady (or WorkerLoadFailed and exit 1); WorkerShutdown, STOP_SIGNAL or
 the parent's death -> finalize the model, unlink own segments, exit 0.
@@ -28,7 +29,6 @@ from types import FrameType
 from typing import Any
 
 import msgspec
-import numpy as np
 import zmq
 
 from shoal.dtypes import numpy_to_wire
@@ -39,6 +39,7 @@ from shoal.messages import (
     BatchTimings,
     CancelExecuting,
     Error,
+    ForgetCudaHandles,
     ReleaseLeases,
     Result,
     StreamResponse,
@@ -60,6 +61,7 @@ from shoal.shm.regions import RegionCache
 from shoal.shm.tensors import array_from_buffer
 from shoal.workers.backends.base import Backend, BackendRequest, BackendResponse, InstanceContext
 from shoal.workers.backends.registry import create_backend
+from shoal.workers.device_regions import DeviceRegions, LazyCudaIpc, zeros_like
 from shoal.workers.devices import resolve_device
 from shoal.workers.lifecycle import (
     STOP_SIGNAL,
@@ -92,13 +94,16 @@ class WorkerProc:
         self.client_regions = ClientRegions()
         self.arena = Arena(spec.arena_prefix, settings.shm_segment_bytes,
                            settings.shm_arena_max_bytes)
-        self.outputs = OutputWriter(spec.identity, self.arena, self.client_regions)
+        self.device_regions = DeviceRegions(LazyCudaIpc())  # libcuda only at the first CUDA ref
+        self.outputs = OutputWriter(spec.identity, self.arena, self.client_regions,
+                                    self.device_regions)
         self.output_lock = threading.Lock()
         # decoupled requests still answering: execution id -> the request (outputs wanted)
         self.open_requests: dict[int, WorkerRequest] = {}
         self.cancelled: set[int] = set()
         self.backend: Backend | None = None
         self.decoupled = False
+        self.device = "cpu"
         self.control_thread = threading.Thread(target=self._control_loop, name="control",
                                                daemon=True)
 
@@ -112,7 +117,7 @@ class WorkerProc:
     def load(self) -> None:
         config = config_from_json(self.spec.config_json)
         self.decoupled = is_decoupled(config)
-        device = resolve_device(self.spec.kind, self.spec.device_id)
+        self.device = device = resolve_device(self.spec.kind, self.spec.device_id)
         backend_settings = {k: v for b, k, v in self.settings.backend_config
                             if b in ("", self.spec.backend)}
         ctx = InstanceContext(
@@ -132,6 +137,7 @@ class WorkerProc:
         self.control_thread.start()
         self.socket.send_multipart(encode(WorkerReady(self.spec.identity, os.getpid())))
         while not self.stopping:
+            self.device_regions.between_batches()  # no execute runs here
             if not self.socket.poll(_POLL_MS):
                 continue
             message = decode(self.socket.recv_multipart())
@@ -146,19 +152,21 @@ class WorkerProc:
                 self.stopping = True
 
     def _control_loop(self) -> None:
-        """Cancellation flags arrive here while the main thread may be inside the model."""
+        """Cancellation flags and forgets arrive here while the main thread may be inside the
+        model."""
         while not self.stopping:
             if not self.control_socket.poll(_POLL_MS):
                 continue
             message = decode(self.control_socket.recv_multipart())
             if isinstance(message, CancelExecuting):
                 self.cancelled.update(message.request_ids)
+            elif isinstance(message, ForgetCudaHandles):
+                self.device_regions.queue_forget(message.handles)
 
     # ------------------------------------------------------------------ execution
 
     def _map_inputs(self, req: WorkerRequest) -> dict[str, Any]:
-        inputs = {ref.name: array_from_buffer(self._input_view(ref), ref.datatype, ref.shape)
-                  for ref in req.inputs}
+        inputs = {ref.name: self._input_value(ref) for ref in req.inputs}
         if req.states:
             inputs.update(state_inputs(req, self._state_view))
         return inputs
@@ -166,10 +174,14 @@ class WorkerProc:
     def _state_view(self, region: str, offset: int, nbytes: int) -> memoryview:
         return self.inputs.view(region, offset, nbytes, readonly=False)
 
-    def _input_view(self, ref: TensorRef) -> memoryview:
+    def _input_value(self, ref: TensorRef) -> Any:
+        if ref.cuda is not None:
+            return self.device_regions.input_value(ref, self.backend, self.device)
         if ref.region.startswith(self.settings.segment_prefix):
-            return self.inputs.view(ref.region, ref.offset, ref.nbytes, readonly=False)
-        return self.client_regions.view(ref.region, ref.offset, ref.nbytes, ref.name)
+            view = self.inputs.view(ref.region, ref.offset, ref.nbytes, readonly=False)
+        else:
+            view = self.client_regions.view(ref.region, ref.offset, ref.nbytes, ref.name)
+        return array_from_buffer(view, ref.datatype, ref.shape)
 
     def execute(self, batch: Batch) -> BatchResult:
         assert self.backend is not None
@@ -205,6 +217,7 @@ class WorkerProc:
                 results, lease = self.outputs.write_results(
                     [r.request_id for r in batch.requests], [r.outputs for r in batch.requests],
                     ordered)
+                self.device_regions.synchronize()  # the client may read the moment it knows
             except Exception as exc:
                 error = error_of(exc)
                 results = [Result(r.request_id, error=error) for r in batch.requests]
@@ -241,7 +254,9 @@ class WorkerProc:
             input_datatypes={name: a_type for name, a_type in self._datatypes(req, inputs)},
             requested_outputs=requested_with_states(req), parameters=req.parameters,
             client_request_id=req.client_request_id, batch_size=req.batch_size,
-            correlation_id=req.correlation_id, flags=req.flags)
+            correlation_id=req.correlation_id, flags=req.flags,
+            device_outputs=frozenset(o.name for o in req.outputs
+                                     if o.target is not None and o.target.cuda is not None))
 
     @staticmethod
     def _datatypes(req: WorkerRequest, inputs: dict[str, Any]) -> list[tuple[str, str]]:
@@ -277,7 +292,7 @@ class WorkerProc:
             row_controls = {name: array[row:row + 1] for name, (_, array) in controls.items()}
             if index < 0:
                 filler = WorkerRequest(request_id=-(row + 1), inputs=[])
-                zeros = {n: np.zeros_like(a) for n, a in filler_source.items()}
+                zeros = {n: zeros_like(a) for n, a in filler_source.items()}
                 requests.append(self._backend_request(filler, {**zeros, **row_controls}))
                 continue
             req = batch.requests[index]
@@ -323,6 +338,7 @@ class WorkerProc:
             return StreamResponse(rid, error=response, final=final)
         try:
             refs, parameters, lease = self.outputs.write_one(request.outputs, response)
+            self.device_regions.synchronize()
         except Exception as exc:
             return StreamResponse(rid, error=error_of(exc), final=final)
         return StreamResponse(rid, refs, parameters, None, lease, final)
@@ -341,6 +357,7 @@ class WorkerProc:
             self.arena.close()
             self.inputs.close()
             self.client_regions.close()
+            self.device_regions.close()
         for sock in (self.socket, self.stream_socket, self.control_socket):
             sock.close(linger=500)
 

@@ -6,8 +6,16 @@ batch, and copies the returned arrays into its output arena. Threads: all three 
 called from the worker's main thread only.
 
 Ownership: input arrays in ``BackendRequest.inputs`` are views of shared memory owned by the
-frontend; they are valid only until ``execute`` returns (copy to keep). Returned arrays are owned
-by the backend until the worker has copied them (before the next ``execute``).
+frontend (or of a client's CUDA allocation); they are valid only until ``execute`` returns (copy
+to keep). Returned arrays are owned by the backend until the worker has copied them (before the
+next ``execute``).
+
+Device tensors (CUDA shared-memory extension): a backend that can take an input as a torch tensor
+on its instance's device defines ``takes_device_input(name) -> bool`` (optional; looked up with
+``takes_device_input`` below, absent means False). An input a client placed in CUDA memory then
+arrives as a typed torch tensor on the device (zero copy when possible) instead of a host array.
+An output the backend returns as a torch tensor (any device) is copied by the worker: tensor to
+tensor into a client's CUDA region, else to the host first.
 """
 
 from __future__ import annotations
@@ -60,7 +68,11 @@ class InstanceContext:
 class BackendRequest:
     """One inference request. ``inputs`` maps input name -> array of the request's full shape
     (batch dim included when the model batches). BYTES inputs are object arrays of ``bytes``;
-    BF16 inputs are ``uint16`` arrays of bit patterns (see ``input_datatypes``)."""
+    BF16 inputs are ``uint16`` arrays of bit patterns (see ``input_datatypes``). A value may
+    instead be a torch tensor on the instance's device (BF16: ``torch.bfloat16``), for inputs
+    the backend said it takes that way (``takes_device_input``) and the client placed in CUDA
+    memory. ``device_outputs`` names the requested outputs the client wants in CUDA memory (a
+    backend may return those as device tensors to save a trip through the host)."""
 
     request_id: int
     inputs: dict[str, npt.NDArray[Any]]
@@ -71,13 +83,14 @@ class BackendRequest:
     batch_size: int = 1
     correlation_id: int | str = 0
     flags: int = 0
+    device_outputs: frozenset[str] = frozenset()
 
 
 @dataclass
 class OutputTensor:
     name: str
     datatype: str  # wire name; BYTES arrays may be object/bytes/str arrays
-    array: npt.NDArray[Any]
+    array: npt.NDArray[Any]  # or a torch tensor (any device; see the module docstring)
 
 
 @dataclass
@@ -90,6 +103,9 @@ class BackendResponse:
 
 
 class Backend(Protocol):
+    """Optional members, looked up with ``getattr``: ``takes_device_input(name) -> bool`` (see
+    the module docstring and ``takes_device_input``)."""
+
     def load(self, ctx: InstanceContext) -> None:
         """Load the model; raise ShoalError (or any exception) to fail the load."""
 
@@ -102,6 +118,13 @@ class Backend(Protocol):
 
     def unload(self) -> None:
         """Finalize. Called once at shutdown; must not raise."""
+
+
+def takes_device_input(backend: object, name: str) -> bool:
+    """Whether ``backend`` takes input ``name`` as a device tensor (its optional
+    ``takes_device_input`` method; False when it has none)."""
+    probe = getattr(backend, "takes_device_input", None)
+    return bool(probe(name)) if callable(probe) else False
 
 
 def empty_array() -> npt.NDArray[np.float32]:

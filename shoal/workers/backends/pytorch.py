@@ -14,7 +14,8 @@ batch size. With ``max_batch_size == 0`` each request runs on its own. On an acc
 inputs are copied host->device into the workspace pool, so the hot path allocates no device memory
 for inputs. Ownership: a CPU model that modifies its inputs in place modifies the caller's shared
 memory (zero-copy); outputs that alias the inputs are copied, outputs that alias the workspace are
-valid until the next ``execute`` (the worker copies them before that).
+valid until the next ``execute`` (the worker copies them before that). CUDA shared memory:
+device-tensor inputs on a CUDA instance and outputs kept on the device, see ``torch_device``.
 
 Ragged batching (``shoal.workers.ragged``, as Triton's pytorch_backend): an input with
 ``allow_ragged_batch`` reaches ``forward()`` as the 1-D concatenation of the requests' elements
@@ -43,6 +44,7 @@ import numpy.typing as npt
 from shoal.dtypes import DATATYPES, config_to_wire, element_size, torch_dtype, wire_to_config
 from shoal.errors import ErrorCode, ShoalError, invalid_arg, unsupported
 from shoal.messages import Error
+from shoal.workers.backends import torch_device
 from shoal.workers.backends.base import (
     BackendRequest,
     BackendResponse,
@@ -50,6 +52,7 @@ from shoal.workers.backends.base import (
     OutputTensor,
 )
 from shoal.workers.batch_assembly import adjacent_view, concat_rows, copy_if_aliases, split_rows
+from shoal.workers.device_regions import host_array, is_torch_tensor
 from shoal.workers.ragged import RaggedConfig, pad_ragged, padded_shape
 from shoal.workers.workspace import WorkspacePool, align_up
 
@@ -116,6 +119,7 @@ class PytorchBackend:
         self._workspace: WorkspacePool | None = None
         self._torch_dtypes: dict[str, Any] = {}
         self._device: Any = None
+        self._device_inputs: frozenset[str] = frozenset()
 
     def load(self, ctx: InstanceContext) -> None:
         import torch
@@ -137,6 +141,8 @@ class PytorchBackend:
             raise invalid_arg(f"model '{ctx.model_name}' version {ctx.model_version}: model "
                               f"file '{filename}' not found")
         self._device = torch.device(ctx.device)
+        self._device_inputs = torch_device.device_input_names(
+            self._device, [(s.name, s.datatype) for s in self._inputs], self._ragged.ragged_inputs)
         load_torchscript: Any = torch.jit.load
         try:
             module = load_torchscript(path, map_location=self._device)
@@ -169,6 +175,10 @@ class PytorchBackend:
                 for index, result in zip(group, outcome, strict=True):
                     results[index] = result
         return [result for result in results if result is not None]
+
+    def takes_device_input(self, name: str) -> bool:
+        """Backend option (see base.py): True for non-BYTES, non-ragged inputs on CUDA."""
+        return name in self._device_inputs
 
     def unload(self) -> None:
         try:
@@ -247,7 +257,10 @@ class PytorchBackend:
             values += [self._assemble([array], datatype) for _, datatype, array
                        in self._ragged.extra_inputs(source_shapes)]
         outputs = self._forward(values)
-        sources = [array for request in batch for array in request.inputs.values()]
+        sources = [array for request in batch for array in request.inputs.values()
+                   if isinstance(array, np.ndarray)]
+        on_device = torch_device.device_output_names(self._device, batch,
+                                                     self._ragged.scatter_outputs)
         pieces: dict[str, list[Array]] = {}
         for spec in self._outputs:
             position = self._output_pos[spec.name]
@@ -256,7 +269,7 @@ class PytorchBackend:
                                  f"The output {spec.name} in the model configuration refers to "
                                  "an output index which doesn't exist. This model has "
                                  f"{len(outputs)} outputs")
-            array = self._output_array(spec, outputs[position], sources)
+            array = self._output_array(spec, outputs[position], sources, spec.name in on_device)
             scatter = self._ragged.scatter_outputs.get(spec.name)
             if scatter is not None:
                 parts = self._ragged.split_output(
@@ -305,26 +318,19 @@ class PytorchBackend:
             out = self._workspace.take_numpy(arrays[0].dtype, shape)
         return [pad_ragged(arrays, out=out)]
 
-    def _assemble(self, arrays: list[Array], datatype: str) -> Any:
-        """One tensor on the instance's device holding the rows of ``arrays`` in order."""
+    def _assemble(self, arrays: list[Any], datatype: str) -> Any:
+        """One tensor on the instance's device holding the rows of ``arrays`` (numpy arrays
+        and/or torch tensors) in order."""
         torch = self._torch
         assert self._workspace is not None
+        if self._device.type != "cpu" or any(is_torch_tensor(a) for a in arrays):
+            return torch_device.assemble_on_device(torch, arrays, datatype, self._device,
+                                                   self._workspace)
         joined = adjacent_view(arrays)
-        if self._device.type == "cpu":
-            if joined is None:
-                shape = (sum(int(a.shape[0]) for a in arrays), *arrays[0].shape[1:])
-                joined = concat_rows(arrays, out=self._workspace.take_numpy(arrays[0].dtype,
-                                                                            shape))
-            tensor = torch.from_numpy(joined)
-        else:
-            parts = [joined] if joined is not None else arrays
-            shape = (sum(int(a.shape[0]) for a in parts), *parts[0].shape[1:])
-            dtype: Any = torch_dtype("UINT16" if datatype == "BF16" else datatype)
-            tensor = self._workspace.take(math.prod(shape) * dtype.itemsize, dtype, shape)
-            row = 0
-            for part in parts:
-                tensor[row:row + part.shape[0]].copy_(torch.from_numpy(part))
-                row += part.shape[0]
+        if joined is None:
+            shape = (sum(int(a.shape[0]) for a in arrays), *arrays[0].shape[1:])
+            joined = concat_rows(arrays, out=self._workspace.take_numpy(arrays[0].dtype, shape))
+        tensor = torch.from_numpy(joined)
         return tensor.view(torch.bfloat16) if datatype == "BF16" else tensor
 
     def _forward(self, values: list[Any]) -> list[Any]:
@@ -337,7 +343,9 @@ class PytorchBackend:
             result = self._module(*ordered)
         return _flatten_outputs(self._torch, result)
 
-    def _output_array(self, spec: IoSpec, value: Any, sources: list[Array]) -> Array:
+    def _output_array(self, spec: IoSpec, value: Any, sources: list[Array],
+                      on_device: bool = False) -> Array:
+        """The checked output as a host array (a torch tensor when ``on_device``)."""
         torch = self._torch
         if isinstance(value, list):
             if spec.datatype != "BYTES":
@@ -356,12 +364,10 @@ class PytorchBackend:
         if self._max_batch > 0 and value.dim() == 0:
             raise ShoalError(ErrorCode.INVALID_ARG,
                              f"output '{spec.name}' is a scalar which is not supported.")
-        host = value.detach().to("cpu").contiguous()
-        if spec.datatype == "BF16":
-            array: Array = host.view(torch.int16).numpy().view(np.uint16)
-        else:
-            array = host.numpy()
-        return copy_if_aliases(array, sources)
+        if on_device:
+            device_value: Array = value.detach()  # the worker copies it device to device
+            return device_value
+        return copy_if_aliases(host_array(value), sources)
 
 
 def _io_spec(io: Any) -> IoSpec:
