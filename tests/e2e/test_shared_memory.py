@@ -341,12 +341,6 @@ def test_truncating_the_object_after_registration(
     assert "truncated" in message and "'OUTPUT0'" in message
 
 
-def test_cuda_shared_memory_is_refused(client: httpclient.InferenceServerClient) -> None:
-    message = error_text(lambda: client.register_cuda_shared_memory("g", b"\0" * 64, 0, 64))
-    assert "CUDA shared memory is not supported" in message
-    assert client.get_cuda_shared_memory_status() == []
-
-
 def test_client_shared_memory_is_off_by_default(server: ShoalServer,
                                                 make_object: MakeObject) -> None:
     key = make_object(64)
