@@ -35,13 +35,12 @@ import logging
 import math
 import os
 import warnings
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from shoal.dtypes import DATATYPES, config_to_wire, element_size, torch_dtype, wire_to_config
+from shoal.dtypes import element_size, torch_dtype, wire_to_config
 from shoal.errors import ErrorCode, ShoalError, invalid_arg, unsupported
 from shoal.messages import Error
 from shoal.workers.backends import torch_device
@@ -50,6 +49,16 @@ from shoal.workers.backends.base import (
     BackendResponse,
     InstanceContext,
     OutputTensor,
+)
+from shoal.workers.backends.torchscript_io import (
+    IoSpec,
+    flatten_outputs,
+    forward_arguments,
+    input_positions,
+    io_spec,
+    output_positions,
+    reshape_output,
+    wire_of_torch,
 )
 from shoal.workers.batch_assembly import adjacent_view, concat_rows, copy_if_aliases, split_rows
 from shoal.workers.device_regions import host_array, is_torch_tensor
@@ -60,46 +69,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL_FILENAME = "model.pt"
 DEFAULT_WORKSPACE_BYTES = 64 << 20  # when input dims are variable and no setting sizes the pool
-_DELIMITER = "__"
-_OUTPUT_KIND_ERROR = ("output must be of type Tensor, List[str] or Tuple containing one of these "
-                      "two types. It should not be a List / Dictionary of Tensors or a Scalar")
-
 Array = npt.NDArray[Any]
-
-
-@dataclass(frozen=True)
-class IoSpec:
-    name: str
-    datatype: str  # wire name
-    dims: tuple[int, ...]
-    reshape: tuple[int, ...] | None
-
-
-def named_index(name: str) -> int | None:
-    """The index of a ``<name>__<index>`` tensor name (Triton: text after the first "__" must be
-    all digits), else None."""
-    position = name.find(_DELIMITER)
-    if position < 0:
-        return None
-    suffix = name[position + len(_DELIMITER):]
-    if suffix and not suffix.isdigit():
-        return None
-    return int(suffix or "0")
-
-
-def input_positions(config_names: list[str], forward_args: list[str]) -> dict[str, int]:
-    """Config input name -> forward() argument position (Triton's three naming conventions)."""
-    if forward_args and all(name in forward_args for name in config_names):
-        return {name: forward_args.index(name) for name in config_names}
-    return output_positions(config_names)
-
-
-def output_positions(config_names: list[str]) -> dict[str, int]:
-    indexes = [named_index(name) for name in config_names]
-    if all(index is not None for index in indexes):
-        return {name: int(index) for name, index in zip(config_names, indexes, strict=True)
-                if index is not None}
-    return {name: i for i, name in enumerate(config_names)}
 
 
 class PytorchBackend:
@@ -128,8 +98,8 @@ class PytorchBackend:
         config = ctx.config
         self._name = ctx.instance_name
         self._max_batch = int(config.max_batch_size)
-        self._inputs = [_io_spec(io) for io in config.input]
-        self._outputs = [_io_spec(io) for io in config.output]
+        self._inputs = [io_spec(io) for io in config.input]
+        self._outputs = [io_spec(io) for io in config.output]
         _check_supported(config, ctx.model_name)
         self._ragged = RaggedConfig.from_model_config(config, ctx.model_name)
         self._input_names = [spec.name for spec in self._inputs] + self._ragged.extra_input_names
@@ -151,7 +121,7 @@ class PytorchBackend:
                               f"'{filename}': {_last_line(exc)}") from None
         module.eval()
         self._module = module
-        self._map_inputs(ctx.model_name, _forward_arguments(module))
+        self._map_inputs(ctx.model_name, forward_arguments(module))
         self._output_pos = output_positions([spec.name for spec in self._outputs])
         self._torch_dtypes = {spec.name: torch_dtype(spec.datatype) for spec in self._outputs
                               if spec.datatype != "BYTES"}
@@ -274,17 +244,17 @@ class PytorchBackend:
             if scatter is not None:
                 parts = self._ragged.split_output(
                     scatter, array, [shapes[scatter.source] for shapes in source_shapes])
-                pieces[spec.name] = [_reshape_output(spec, part, (size,) if batched else ())
+                pieces[spec.name] = [reshape_output(spec, part, (size,) if batched else ())
                                      for part, size in zip(parts, sizes, strict=True)]
                 continue
             if not batched:
-                pieces[spec.name] = [_reshape_output(spec, array, ())]
+                pieces[spec.name] = [reshape_output(spec, array, ())]
                 continue
             if array.ndim == 0 or array.shape[0] != total:
                 raise ShoalError(ErrorCode.INTERNAL,
                                  f"output '{spec.name}' has shape {list(array.shape)}, expected "
                                  f"batch dimension {total}")
-            pieces[spec.name] = [_reshape_output(spec, part, (size,))
+            pieces[spec.name] = [reshape_output(spec, part, (size,))
                                  for part, size in zip(split_rows(array, sizes), sizes,
                                                        strict=True)]
         return [BackendResponse(outputs=[OutputTensor(spec.name, spec.datatype,
@@ -341,7 +311,7 @@ class PytorchBackend:
             for name, value in zip(self._input_names, values, strict=True):
                 ordered[self._input_pos[name]] = value
             result = self._module(*ordered)
-        return _flatten_outputs(self._torch, result)
+        return flatten_outputs(self._torch, result)
 
     def _output_array(self, spec: IoSpec, value: Any, sources: list[Array],
                       on_device: bool = False) -> Array:
@@ -356,7 +326,7 @@ class PytorchBackend:
             strings[:] = [s.encode("utf-8") for s in value]
             return strings
         if value.dtype != self._torch_dtypes.get(spec.name):
-            provided = _wire_of_torch(torch, value.dtype)
+            provided = wire_of_torch(torch, value.dtype)
             raise ShoalError(ErrorCode.INVALID_ARG,
                              f"configuration expects datatype {wire_to_config(spec.datatype)} "
                              f"for output '{spec.name}', model provides "
@@ -368,14 +338,6 @@ class PytorchBackend:
             device_value: Array = value.detach()  # the worker copies it device to device
             return device_value
         return copy_if_aliases(host_array(value), sources)
-
-
-def _io_spec(io: Any) -> IoSpec:
-    from tritonclient.grpc import model_config_pb2
-
-    datatype = config_to_wire(model_config_pb2.DataType.Name(io.data_type))
-    reshape = tuple(int(d) for d in io.reshape.shape) if io.HasField("reshape") else None
-    return IoSpec(io.name, datatype, tuple(int(d) for d in io.dims), reshape)
 
 
 def _check_supported(config: Any, model_name: str) -> None:
@@ -402,48 +364,6 @@ def _configure_torch(torch: Any, params: dict[str, str], settings: dict[str, str
             logger.warning("inter-op thread count can only be set once per process; ignored")
     if params.get("DISABLE_OPTIMIZED_EXECUTION", "").lower() == "true":
         torch._C._set_graph_executor_optimize(False)
-
-
-def _forward_arguments(module: Any) -> tuple[list[str], bool]:
-    """forward()'s argument names (without self) and whether it takes one Dict[str, Tensor]."""
-    arguments = list(module.forward.schema.arguments)
-    if arguments and arguments[0].type.kind() == "ClassType":
-        arguments = arguments[1:]
-    if len(arguments) == 1 and arguments[0].type.kind() == "DictType":
-        return [], True
-    for argument in arguments:
-        if argument.type.kind() not in ("TensorType", "ListType"):
-            raise invalid_arg(f"An input of type '{argument.type}' was detected in the model. "
-                              "Only a single input of type Dict(str, Tensor) or input(s) of "
-                              "type Tensor are supported.")
-    return [argument.name for argument in arguments], False
-
-
-def _flatten_outputs(torch: Any, result: Any) -> list[Any]:
-    if isinstance(result, torch.Tensor):
-        return [result]
-    if isinstance(result, list) and all(isinstance(item, str) for item in result):
-        return [result]
-    if not isinstance(result, tuple):
-        raise ShoalError(ErrorCode.INTERNAL, _OUTPUT_KIND_ERROR)
-    for item in result:
-        is_strings = isinstance(item, list) and all(isinstance(s, str) for s in item)
-        if not (isinstance(item, torch.Tensor) or is_strings):
-            raise ShoalError(ErrorCode.INTERNAL, _OUTPUT_KIND_ERROR)
-    return list(result)
-
-
-def _reshape_output(spec: IoSpec, array: Array, prefix: tuple[int, ...]) -> Array:
-    if spec.reshape is None:
-        return array
-    return array.reshape(prefix + spec.dims)
-
-
-def _wire_of_torch(torch: Any, dtype: Any) -> str | None:
-    for name in DATATYPES:
-        if name != "BYTES" and torch_dtype(name) == dtype:
-            return name
-    return None
 
 
 def _non_negative_int(text: str, name: str) -> int:
