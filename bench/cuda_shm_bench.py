@@ -23,14 +23,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import pathlib
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 from bench import servers
+from bench.shm_bench import timed
 
 CONFIG = """
 name: "scale_gpu"
@@ -72,17 +71,6 @@ def shoal_server(root: pathlib.Path) -> Iterator[int]:
         yield http
     finally:
         server.stop()
-
-
-def timed(call: Callable[[], object], repeat: int, warmup: int = 3) -> float:
-    for _ in range(warmup):
-        call()
-    samples = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        call()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples) * 1e3
 
 
 def measure(port: int, size_mb: int, repeat: int) -> dict[str, float]:

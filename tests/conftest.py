@@ -11,12 +11,14 @@ Servers shared by a module are checked when the module ends (tests/e2e/conftest.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import secrets
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
+import posix_ipc
 import psutil
 import pytest
 
@@ -109,3 +111,26 @@ def shm_prefix() -> Iterator[str]:
     for name in leftovers:
         os.unlink(os.path.join("/dev/shm", name))
     assert leftovers == [], f"shared memory leaked: {leftovers}"
+
+
+MakeObject = Callable[[int], str]
+
+
+@pytest.fixture
+def make_object() -> Iterator[MakeObject]:
+    """Creates client POSIX shm objects (mode 0600) of a given size and returns their keys
+    (``/shmtest-<random>``: ``/shoal-`` keys are the server's and cannot be registered);
+    unlinks them all afterwards and checks that none is left."""
+    keys: list[str] = []
+
+    def make(size: int) -> str:
+        key = f"/shmtest-{secrets.token_hex(6)}"
+        posix_ipc.SharedMemory(key, posix_ipc.O_CREX, mode=0o600, size=size).close_fd()
+        keys.append(key)
+        return key
+
+    yield make
+    for key in keys:
+        with contextlib.suppress(posix_ipc.ExistentialError):
+            posix_ipc.unlink_shared_memory(key)
+    assert not [k for k in keys if os.path.exists("/dev/shm" + k)]

@@ -14,14 +14,11 @@ from __future__ import annotations
 import base64
 import contextlib
 import pathlib
-import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import numpy as np
-import posix_ipc
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
@@ -30,13 +27,11 @@ from tritonclient.utils import InferenceServerException
 from shoal.dtypes import DATATYPES
 from shoal.frontend.http.shared_memory import torch_sees_cuda
 from shoal.shm.cuda_ipc import FAKE_ENV, fake_handle
-from tests.conftest import shoal_processes, shoal_segments
+from tests.conftest import MakeObject, shoal_processes, shoal_segments
 from tests.e2e.conftest import _assert_clean_after
 from tests.e2e.server import ShoalServer
 from tests.e2e.test_datatypes import sample
-from tests.e2e.test_shared_memory import pread, pwrite, wire
-
-MakeAllocation = Callable[[int], str]
+from tests.e2e.test_shared_memory import pread, pwrite, start_sleepy_inference, wire
 
 
 @pytest.fixture(scope="module")
@@ -63,23 +58,6 @@ def client(cuda_server: ShoalServer) -> Iterator[httpclient.InferenceServerClien
     assert triton.is_server_live()
     assert sorted(cuda_server.worker_pids()) == workers, "a worker restarted"
     triton.close()
-
-
-@pytest.fixture
-def make_allocation() -> Iterator[MakeAllocation]:
-    """A fake device allocation of ``size`` bytes: a POSIX shm object, unlinked afterwards."""
-    keys: list[str] = []
-
-    def make(size: int) -> str:
-        key = f"/cudatest-{secrets.token_hex(6)}"
-        posix_ipc.SharedMemory(key, posix_ipc.O_CREX, mode=0o600, size=size).close_fd()
-        keys.append(key)
-        return key
-
-    yield make
-    for key in keys:
-        with contextlib.suppress(posix_ipc.ExistentialError):
-            posix_ipc.unlink_shared_memory(key)
 
 
 def raw_handle(key: str) -> str:
@@ -116,11 +94,11 @@ def wait_for(condition: Callable[[], bool], timeout: float = 5.0) -> bool:
 
 @pytest.mark.parametrize("datatype", DATATYPES)
 def test_every_datatype_through_cuda_regions(client: httpclient.InferenceServerClient,
-                                             make_allocation: MakeAllocation,
+                                             make_object: MakeObject,
                                              datatype: str) -> None:
     data = sample(datatype)
     payload = wire(data, datatype)
-    in_key, out_key = make_allocation(4096), make_allocation(4096)
+    in_key, out_key = make_object(4096), make_object(4096)
     pwrite(in_key, 100, payload)
     client.register_cuda_shared_memory("in", raw_handle(in_key), 0, 4096)
     client.register_cuda_shared_memory("out", raw_handle(out_key), 0, 4096)
@@ -136,7 +114,7 @@ def test_every_datatype_through_cuda_regions(client: httpclient.InferenceServerC
 
 def test_grpc_pytorch_model_reads_and_writes_cuda_regions(
         cuda_server: ShoalServer, client: httpclient.InferenceServerClient,
-        make_allocation: MakeAllocation) -> None:
+        make_object: MakeObject) -> None:
     """The TorchScript MLP over gRPC, its input and output in CUDA regions, gives what the same
     request with inline tensors gives."""
     x = np.random.default_rng(3).standard_normal((4, 256)).astype(np.float32)
@@ -145,7 +123,7 @@ def test_grpc_pytorch_model_reads_and_writes_cuda_regions(
         inline = grpcclient.InferInput("INPUT__0", [4, 256], "FP32")
         inline.set_data_from_numpy(x)
         expected = triton.infer("mlp", [inline]).as_numpy("OUTPUT__0")
-        in_key, out_key = make_allocation(x.nbytes), make_allocation(4 * 16 * 4)
+        in_key, out_key = make_object(x.nbytes), make_object(4 * 16 * 4)
         pwrite(in_key, 0, x.tobytes())
         triton.register_cuda_shared_memory("x", raw_handle(in_key), 0, x.nbytes)
         triton.register_cuda_shared_memory("y", raw_handle(out_key), 0, 4 * 16 * 4)
@@ -168,11 +146,11 @@ def test_grpc_pytorch_model_reads_and_writes_cuda_regions(
 
 def test_concurrent_requests_batched_from_cuda_regions(
         cuda_server: ShoalServer, client: httpclient.InferenceServerClient,
-        make_allocation: MakeAllocation) -> None:
+        make_object: MakeObject) -> None:
     """identity_fp32 batches concurrent requests: each one's rows come from, and go back to, its
     own slice of one shared allocation."""
     count, row_bytes = 8, 16 * 4
-    key = make_allocation(2 * count * row_bytes)
+    key = make_object(2 * count * row_bytes)
     rows = np.arange(count * 16, dtype=np.float32).reshape(count, 16)
     pwrite(key, 0, rows.tobytes())
     client.register_cuda_shared_memory("shared", raw_handle(key), 0, 2 * count * row_bytes)
@@ -205,8 +183,8 @@ def test_concurrent_requests_batched_from_cuda_regions(
 
 
 def test_status_and_one_name_space_with_system_regions(
-        client: httpclient.InferenceServerClient, make_allocation: MakeAllocation) -> None:
-    key, system_key = make_allocation(256), make_allocation(256)
+        client: httpclient.InferenceServerClient, make_object: MakeObject) -> None:
+    key, system_key = make_object(256), make_object(256)
     client.register_cuda_shared_memory("gpu", raw_handle(key), 0, 256)
     client.register_system_shared_memory("host", system_key, 256)
     assert client.get_cuda_shared_memory_status() == [
@@ -233,9 +211,9 @@ def test_status_and_one_name_space_with_system_regions(
     (None, 0, 0, "byte_size"),
 ])
 def test_bad_registrations_are_refused_naming_the_field(
-        client: httpclient.InferenceServerClient, make_allocation: MakeAllocation,
+        client: httpclient.InferenceServerClient, make_object: MakeObject,
         handle: str | None, device_id: int, byte_size: int, field: str) -> None:
-    good = raw_handle(make_allocation(64))
+    good = raw_handle(make_object(64))
     message = error_text(lambda: client.register_cuda_shared_memory(
         "bad", good if handle is None else handle, device_id, byte_size))
     assert field in message
@@ -264,8 +242,8 @@ def test_a_handle_that_cannot_be_opened_fails_the_request_only(
 
 
 def test_offsets_past_the_registration_or_overflowing(
-        client: httpclient.InferenceServerClient, make_allocation: MakeAllocation) -> None:
-    client.register_cuda_shared_memory("r", raw_handle(make_allocation(128)), 0, 128)
+        client: httpclient.InferenceServerClient, make_object: MakeObject) -> None:
+    client.register_cuda_shared_memory("r", raw_handle(make_object(128)), 0, 128)
     for offset, size in ((100, 64), (2**63 - 1, 64), (0, 2**64 - 1)):
         message = error_text(lambda o=offset, s=size: client.infer(
             "identity_fp32", [fp32_input("r", s, o)]))
@@ -277,10 +255,10 @@ def test_offsets_past_the_registration_or_overflowing(
 
 
 def test_a_registration_larger_than_the_allocation_is_caught_by_the_worker(
-        client: httpclient.InferenceServerClient, make_allocation: MakeAllocation) -> None:
+        client: httpclient.InferenceServerClient, make_object: MakeObject) -> None:
     """A client may claim more bytes than its allocation has: the worker checks the real size
     before it touches a byte (on a GPU, an out-of-bounds read would kill the CUDA context)."""
-    client.register_cuda_shared_memory("liar", raw_handle(make_allocation(64)), 0, 1 << 20)
+    client.register_cuda_shared_memory("liar", raw_handle(make_object(64)), 0, 1 << 20)
     message = error_text(lambda: client.infer("identity_fp32",
                                               [fp32_input("liar", offset=4096)]))
     assert "'INPUT0'" in message
@@ -293,18 +271,11 @@ def test_a_registration_larger_than_the_allocation_is_caught_by_the_worker(
 
 def test_unregister_during_an_inference_then_workers_unmap(
         cuda_server: ShoalServer, client: httpclient.InferenceServerClient,
-        make_allocation: MakeAllocation) -> None:
-    key = make_allocation(64)
+        make_object: MakeObject) -> None:
+    key = make_object(64)
     pwrite(key, 0, np.array([0.8], np.float32).tobytes())
     client.register_cuda_shared_memory("slow", raw_handle(key), 0, 64)
-    inp = httpclient.InferInput("DELAY", [1], "FP32")
-    inp.set_shared_memory("slow", 4)
-    out = httpclient.InferRequestedOutput("DELAY_OUT")
-    out.set_shared_memory("slow", 4, offset=32)
-    results: list[Any] = []
-    thread = threading.Thread(target=lambda: results.append(
-        httpclient.InferenceServerClient(cuda_server.url).infer("sleepy", [inp], outputs=[out])))
-    thread.start()
+    inp, thread, results = start_sleepy_inference(cuda_server.url, "slow")
     # the worker maps the allocation as the request starts (its first CUDA request imports torch)
     assert wait_for(lambda: mapped_by_workers(cuda_server, key, "sleepy"))
     time.sleep(0.2)  # the model is sleeping now
@@ -320,10 +291,10 @@ def test_unregister_during_an_inference_then_workers_unmap(
 
 def test_a_kept_registration_stays_mapped_and_is_reused(
         cuda_server: ShoalServer, client: httpclient.InferenceServerClient,
-        make_allocation: MakeAllocation) -> None:
+        make_object: MakeObject) -> None:
     """The worker opens a handle once and reuses it: writes by the client after the first
     request are seen by the next one (no stale copy)."""
-    key = make_allocation(128)
+    key = make_object(128)
     client.register_cuda_shared_memory("kept", raw_handle(key), 0, 128)
     out = httpclient.InferRequestedOutput("OUTPUT0")
     out.set_shared_memory("kept", 64, offset=64)

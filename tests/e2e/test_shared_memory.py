@@ -16,7 +16,6 @@ from typing import Any
 
 import httpx
 import numpy as np
-import posix_ipc
 import pytest
 import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as triton_shm
@@ -24,10 +23,9 @@ from tritonclient.utils import InferenceServerException
 
 from shoal.client import ShmClient
 from shoal.dtypes import DATATYPES
+from tests.conftest import MakeObject
 from tests.e2e.server import ShoalServer
 from tests.e2e.test_datatypes import sample
-
-MakeObject = Callable[[int], str]
 
 
 @pytest.fixture
@@ -42,23 +40,6 @@ def client(shm_server: ShoalServer) -> Iterator[httpclient.InferenceServerClient
     assert triton.is_server_live()
     assert sorted(shm_server.worker_pids()) == workers, "a worker restarted"
     triton.close()
-
-
-@pytest.fixture
-def make_object() -> Iterator[MakeObject]:
-    keys: list[str] = []
-
-    def make(size: int) -> str:
-        key = f"/shmtest-{secrets.token_hex(6)}"
-        posix_ipc.SharedMemory(key, posix_ipc.O_CREX, mode=0o600, size=size).close_fd()
-        keys.append(key)
-        return key
-
-    yield make
-    for key in keys:
-        with contextlib.suppress(posix_ipc.ExistentialError):
-            posix_ipc.unlink_shared_memory(key)
-    assert not [k for k in keys if os.path.exists("/dev/shm" + k)]
 
 
 def pwrite(key: str, offset: int, data: bytes) -> None:
@@ -298,20 +279,28 @@ def test_registering_an_internal_segment_is_refused(
     assert client.get_system_shared_memory_status() == []
 
 
+def start_sleepy_inference(url: str, region: str
+                           ) -> tuple[httpclient.InferInput, threading.Thread, list[Any]]:
+    """A thread running ``sleepy`` with DELAY (4 bytes at offset 0 of ``region``) and DELAY_OUT
+    (at offset 32): the input, the thread and the list its result lands in."""
+    inp = httpclient.InferInput("DELAY", [1], "FP32")
+    inp.set_shared_memory(region, 4)
+    out = httpclient.InferRequestedOutput("DELAY_OUT")
+    out.set_shared_memory(region, 4, offset=32)
+    results: list[Any] = []
+    thread = threading.Thread(target=lambda: results.append(
+        httpclient.InferenceServerClient(url).infer("sleepy", [inp], outputs=[out])))
+    thread.start()
+    return inp, thread, results
+
+
 def test_unregister_during_an_inference(shm_server: ShoalServer,
                                         client: httpclient.InferenceServerClient,
                                         make_object: MakeObject) -> None:
     key = make_object(64)
     pwrite(key, 0, np.array([0.8], np.float32).tobytes())
     client.register_system_shared_memory("slow", key, 64)
-    inp = httpclient.InferInput("DELAY", [1], "FP32")
-    inp.set_shared_memory("slow", 4)
-    out = httpclient.InferRequestedOutput("DELAY_OUT")
-    out.set_shared_memory("slow", 4, offset=32)
-    results: list[Any] = []
-    thread = threading.Thread(target=lambda: results.append(
-        httpclient.InferenceServerClient(shm_server.url).infer("sleepy", [inp], outputs=[out])))
-    thread.start()
+    inp, thread, results = start_sleepy_inference(shm_server.url, "slow")
     time.sleep(0.3)  # the model is sleeping now
     client.unregister_system_shared_memory("slow")
     assert client.get_system_shared_memory_status() == []

@@ -4,21 +4,19 @@ callback (exactly once, after the last user). No GPU needed: the registry never 
 
 from __future__ import annotations
 
-import contextlib
 import secrets
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
-import posix_ipc
 import pytest
 
-from shoal.errors import ErrorCode, ShoalError
+from shoal.errors import ErrorCode
 from shoal.frontend.shm_registry import ClientSharedMemoryRegistry, CudaRegionStatus, RegionStatus
 from shoal.messages import CudaHandle, OutputTarget, TensorRef
 from shoal.settings import Settings
-from tests.frontend.test_shm_registry import open_fds_on
+from tests.conftest import MakeObject
+from tests.frontend.test_shm_registry import error_of, open_fds_on
 
 ENABLED = Settings(model_repositories=["/m"], allow_client_shm=True)
-MakeObject = Callable[[int], str]
 
 
 class Forgets:
@@ -32,22 +30,6 @@ class Forgets:
 
 
 @pytest.fixture
-def make_object() -> Iterator[MakeObject]:
-    keys: list[str] = []
-
-    def make(size: int) -> str:
-        key = f"/shmtest-{secrets.token_hex(6)}"  # "/shoal-" keys cannot be registered
-        posix_ipc.SharedMemory(key, posix_ipc.O_CREX, mode=0o600, size=size).close_fd()
-        keys.append(key)
-        return key
-
-    yield make
-    for key in keys:
-        with contextlib.suppress(posix_ipc.ExistentialError):
-            posix_ipc.unlink_shared_memory(key)
-
-
-@pytest.fixture
 def forgets() -> Forgets:
     return Forgets()
 
@@ -57,12 +39,6 @@ def registry(forgets: Forgets) -> Iterator[ClientSharedMemoryRegistry]:
     reg = ClientSharedMemoryRegistry(ENABLED, on_cuda_forget=forgets)
     yield reg
     reg.close()
-
-
-def error_of(call: Callable[[], object]) -> ShoalError:
-    with pytest.raises(ShoalError) as info:
-        call()
-    return info.value
 
 
 def handle() -> bytes:

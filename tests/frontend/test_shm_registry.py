@@ -4,41 +4,21 @@ each test) and, for the odd cases (FIFOs, links), files in a temporary directory
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pathlib
 import secrets
 import struct
 from collections.abc import Callable, Iterator
 
-import posix_ipc
 import pytest
 
 from shoal.errors import ErrorCode, ShoalError
 from shoal.frontend.shm_registry import ClientSharedMemoryRegistry, RegionStatus
 from shoal.messages import OutputTarget
 from shoal.settings import Settings
+from tests.conftest import MakeObject
 
 ENABLED = Settings(model_repositories=["/m"], allow_client_shm=True)
-MakeObject = Callable[[int], str]
-
-
-@pytest.fixture
-def make_object() -> Iterator[MakeObject]:
-    """Creates POSIX shm objects of a given size; returns their keys; unlinks them all."""
-    keys: list[str] = []
-
-    def make(size: int) -> str:
-        key = f"/shmtest-{secrets.token_hex(6)}"
-        shm = posix_ipc.SharedMemory(key, posix_ipc.O_CREX, mode=0o600, size=size)
-        shm.close_fd()
-        keys.append(key)
-        return key
-
-    yield make
-    for key in keys:
-        with contextlib.suppress(posix_ipc.ExistentialError):
-            posix_ipc.unlink_shared_memory(key)
 
 
 @pytest.fixture

@@ -7,13 +7,11 @@ carrying the registration; the region is forgotten after the request ends)."""
 from __future__ import annotations
 
 import base64
-import contextlib
 import secrets
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import posix_ipc
 import pytest
 from starlette.testclient import TestClient
 
@@ -65,22 +63,6 @@ def dataplane() -> Iterator[CudaFakeDataPlane]:
 @pytest.fixture
 def fake_ipc(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(FAKE_ENV, "1")
-
-
-@pytest.fixture
-def make_object() -> Iterator[Callable[[int], str]]:
-    keys: list[str] = []
-
-    def make(size: int) -> str:
-        key = f"/shmtest-{secrets.token_hex(6)}"
-        posix_ipc.SharedMemory(key, posix_ipc.O_CREX, mode=0o600, size=size).close_fd()
-        keys.append(key)
-        return key
-
-    yield make
-    for key in keys:
-        with contextlib.suppress(posix_ipc.ExistentialError):
-            posix_ipc.unlink_shared_memory(key)
 
 
 def app_client(dataplane: CudaFakeDataPlane, settings: Settings = ENABLED) -> TestClient:

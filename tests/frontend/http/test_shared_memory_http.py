@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import posix_ipc
 import pytest
 from starlette.testclient import TestClient
 
@@ -202,21 +200,6 @@ def write_object(key: str, offset: int, data: bytes) -> None:
         os.pwrite(fd, data, offset)
     finally:
         os.close(fd)
-
-
-@pytest.fixture
-def make_object() -> Iterator[Callable[[int], str]]:
-    keys: list[str] = []
-
-    def make(size: int) -> str:
-        key = f"/shmtest-{secrets.token_hex(6)}"
-        posix_ipc.SharedMemory(key, posix_ipc.O_CREX, mode=0o600, size=size).close_fd()
-        keys.append(key)
-        return key
-
-    yield make
-    for key in keys:
-        posix_ipc.unlink_shared_memory(key)
 
 
 ALL = ["BOOL", "UINT8", "INT16", "INT64", "FP16", "FP32", "FP64", "BYTES"]
