@@ -1,0 +1,171 @@
+"""Messages between a frontend and the broker (see ``shoal.messages``)."""
+
+from __future__ import annotations
+
+import enum
+
+import msgspec
+
+from shoal.messages.tensors import Error, Lease, Params, RequestedOutput, TensorRef
+
+
+class InferRequest(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+    """frontend -> broker. ``request_id`` is unique per frontend (the broker keys on
+    (frontend identity, request_id)). ``version`` -1 means "by version policy" (highest ready).
+    ``batch_size`` is the leading dim when the model batches (max_batch_size > 0), else 1.
+    The input TensorRefs point into the frontend's arena; the frontend keeps them alive until it
+    receives the matching InferResponse."""
+
+    request_id: int
+    model: str
+    version: int
+    inputs: list[TensorRef]
+    outputs: list[RequestedOutput] = []
+    parameters: Params = {}
+    client_request_id: str = ""
+    batch_size: int = 1
+    priority: int = 0
+    timeout_us: int = 0
+    correlation_id: int | str = 0
+    flags: int = 0
+
+
+class InferResponse(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+    """broker -> frontend: an answer to an InferRequest. Exactly one of ``error`` and the outputs
+    is meaningful. ``lease`` (when set) must be released by the frontend. A non-decoupled model
+    answers once (``final`` True). A decoupled model answers 0..N times with ``final`` False and
+    ends with ``final`` True; ``empty`` marks a final answer that carries no response of the
+    model (Triton's flags-only COMPLETE_FINAL)."""
+
+    request_id: int
+    model_version: int = 0
+    outputs: list[TensorRef] = []
+    parameters: Params = {}
+    error: Error | None = None
+    lease: Lease | None = None
+    final: bool = True
+    empty: bool = False
+
+
+class InferRequestBatch(msgspec.Struct, frozen=True, array_like=True):
+    """frontend -> broker: several InferRequests queued in one event-loop iteration, sent as one
+    message (one socket send instead of many under load)."""
+
+    requests: list[InferRequest]
+
+
+class InferResponseBatch(msgspec.Struct, frozen=True, array_like=True):
+    """broker -> frontend: the answers one batch produced for one frontend, as one message."""
+
+    responses: list[InferResponse]
+
+
+class ReleaseLeases(msgspec.Struct, frozen=True, array_like=True):
+    """frontend -> broker -> worker: the frontend is done with these output leases."""
+
+    leases: list[Lease]
+
+
+class CancelRequest(msgspec.Struct, frozen=True, array_like=True):
+    """frontend -> broker: drop a request that has not started executing."""
+
+    request_id: int
+
+
+class Hello(msgspec.Struct, frozen=True, array_like=True):
+    """frontend -> broker, first message on connect; answered with a RepositorySnapshot."""
+
+    frontend_id: str
+
+
+class TensorSpec(msgspec.Struct, frozen=True, array_like=True):
+    """One input or output as the frontend needs it for validation and metadata.
+    ``dims`` excludes the batch dim; ``optional`` only applies to inputs."""
+
+    name: str
+    datatype: str
+    dims: list[int]
+    optional: bool = False
+    reshape: list[int] | None = None
+
+
+class ModelVersionState(enum.StrEnum):
+    UNKNOWN = "UNKNOWN"
+    READY = "READY"
+    UNAVAILABLE = "UNAVAILABLE"
+    LOADING = "LOADING"
+    UNLOADING = "UNLOADING"
+
+
+class ModelVersionInfo(msgspec.Struct, frozen=True, array_like=True):
+    """Read-only view of one model version, pushed by the broker to every frontend.
+    ``config_json`` is the completed, normalized config as Triton serves it on /config."""
+
+    name: str
+    version: int
+    state: ModelVersionState
+    reason: str
+    platform: str
+    max_batch_size: int
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    decoupled: bool
+    config_json: bytes
+    serving: bool = True  # accepts inference (READY, or an instance restarting with work queued)
+
+
+class RepositorySnapshot(msgspec.Struct, frozen=True, array_like=True):
+    """broker -> frontend: the full state (sent on Hello and after every state change).
+    ``models_ready`` is the strict-readiness verdict (all models have a ready version).
+    ``unloaded`` lists model names present in the repository but without any version info."""
+
+    models: list[ModelVersionInfo]
+    models_ready: bool
+    exiting: bool = False
+    unloaded: list[str] = []
+    failed: dict[str, str] = {}  # model name -> why it could not be read (config errors)
+
+
+class StatsRequest(msgspec.Struct, frozen=True, array_like=True):
+    """frontend -> broker: ask for statistics (model "" = all models; version -1 = all)."""
+
+    query_id: int
+    model: str = ""
+    version: int = -1
+
+
+class Duration(msgspec.Struct, frozen=True, array_like=True):
+    count: int
+    ns: int
+
+
+class BatchStat(msgspec.Struct, frozen=True, array_like=True):
+    batch_size: int
+    compute_input: Duration
+    compute_infer: Duration
+    compute_output: Duration
+
+
+class ModelStats(msgspec.Struct, frozen=True, array_like=True):
+    """Triton's statistics extension, per model version (durations in ns)."""
+
+    name: str
+    version: int
+    last_inference_ms: int
+    inference_count: int
+    execution_count: int
+    success: Duration
+    fail: Duration
+    queue: Duration
+    compute_input: Duration
+    compute_infer: Duration
+    compute_output: Duration
+    batch_stats: list[BatchStat]
+    pending: int = 0
+    fail_by_reason: dict[str, int] = {}
+
+
+class StatsReply(msgspec.Struct, frozen=True, array_like=True):
+    query_id: int
+    models: list[ModelStats]
+    error: Error | None = None
