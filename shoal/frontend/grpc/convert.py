@@ -26,19 +26,21 @@ from shoal.frontend.http.codec import (
     DecodedInput,
     DecodedRequest,
     OutputRequest,
-    SharedMemorySlice,
     add_output_parameter,
-    check_output_shm,
     checked_element_count,
+)
+from shoal.frontend.shm_params import (
+    SHM_BYTE_SIZE,
+    SHM_KEYS,
+    SHM_OFFSET,
+    SHM_REGION,
+    SharedMemorySlice,
+    check_output_shm,
 )
 from shoal.messages import ModelVersionInfo, ParamValue
 
 EMPTY_FINAL_RESPONSE: Final = "triton_enable_empty_final_response"
 _ALLOWED_TRITON_PARAMETERS: Final = (EMPTY_FINAL_RESPONSE,)
-_SHM_REGION: Final = "shared_memory_region"
-_SHM_OFFSET: Final = "shared_memory_offset"
-_SHM_BYTE_SIZE: Final = "shared_memory_byte_size"
-_SHM_KEYS: Final = (_SHM_REGION, _SHM_OFFSET, _SHM_BYTE_SIZE)
 
 # typed contents field -> (the datatype Triton names for it, numpy dtype of its elements)
 _CONTENT_FIELDS: Final[dict[str, tuple[str, str]]] = {
@@ -245,21 +247,21 @@ def _shared_memory_ref(tensor: Any) -> SharedMemorySlice | None:
     (int64) optional; None when the tensor does not use shared memory."""
     params = tensor.parameters
     name = tensor.name
-    if _SHM_REGION not in params:
-        for key in (_SHM_OFFSET, _SHM_BYTE_SIZE):
+    if SHM_REGION not in params:
+        for key in (SHM_OFFSET, SHM_BYTE_SIZE):
             if key in params:
                 raise invalid_arg(f"'{key}' can not be specified without "
-                                  f"'{_SHM_REGION}' parameter for tensor '{name}'")
+                                  f"'{SHM_REGION}' parameter for tensor '{name}'")
         return None
-    region = params[_SHM_REGION]
+    region = params[SHM_REGION]
     if region.WhichOneof("parameter_choice") != "string_param":
-        raise invalid_arg(f"invalid value type for '{_SHM_REGION}' parameter for tensor "
+        raise invalid_arg(f"invalid value type for '{SHM_REGION}' parameter for tensor "
                           f"'{name}', expected string_param.")
-    if _SHM_BYTE_SIZE not in params:
-        raise invalid_arg(f"'{_SHM_BYTE_SIZE}' must be specified along with '{_SHM_REGION}' "
+    if SHM_BYTE_SIZE not in params:
+        raise invalid_arg(f"'{SHM_BYTE_SIZE}' must be specified along with '{SHM_REGION}' "
                           f"parameter for tensor '{name}'")
     sizes = []
-    for key in (_SHM_OFFSET, _SHM_BYTE_SIZE):
+    for key in (SHM_OFFSET, SHM_BYTE_SIZE):
         param = params.get(key)
         if param is None:
             sizes.append(0)
@@ -284,7 +286,7 @@ def _decode_output(tensor: Any) -> OutputRequest:
                 raise invalid_arg("invalid value type for 'classification' parameter, "
                                   "expected int64_param.")
             output.classification = _non_negative(value, key)
-        elif key not in _SHM_KEYS and key != "binary_data":
+        elif key not in SHM_KEYS and key != "binary_data":
             if value is None and not key.startswith("triton_"):  # no oneof member set
                 raise invalid_arg(f"{_no_value_message(key)} (output '{name}')")
             add_output_parameter(output, key, value)

@@ -20,24 +20,20 @@ from shoal import dtypes
 from shoal.errors import ShoalError, invalid_arg
 from shoal.frontend.http.json_tensors import json_tensor_bytes
 from shoal.frontend.http.jsonparse import parse_json_object
+from shoal.frontend.shm_params import (
+    INT64_MAX,
+    SHM_KEYS,
+    SharedMemorySlice,
+    check_output_shm,
+    decode_shared_memory,
+)
 from shoal.messages import ModelVersionInfo, Params, ParamValue
 
-INT64_MAX: Final = (1 << 63) - 1
 UINT64_MAX: Final = (1 << 64) - 1
 SEQUENCE_START: Final = 1
 SEQUENCE_END: Final = 2
 _LENGTH = struct.Struct("<I")
 _RESERVED_PARAMETERS: Final = frozenset({"headers"})
-
-
-@dataclass(frozen=True, slots=True)
-class SharedMemorySlice:
-    """A tensor's place in a client-registered region (system shared memory extension): the
-    ``shared_memory_*`` parameters, parsed but not yet checked against the registry."""
-
-    region: str
-    offset: int
-    byte_size: int
 
 
 @dataclass(slots=True)
@@ -339,33 +335,6 @@ def _check_content_fields(name: str, has_data: bool, params: dict[str, Any]) -> 
         )
 
 
-_SHM_KEYS: Final = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
-
-
-def decode_shared_memory(params: dict[str, Any], tensor: str) -> SharedMemorySlice | None:
-    """The ``shared_memory_*`` parameters of one tensor (``tensor`` is e.g. "input 'X'"), or
-    None when it has none. Region and byte size come together; the offset is optional (0)."""
-    if not any(key in params for key in _SHM_KEYS):
-        return None
-    region = params.get("shared_memory_region")
-    if "shared_memory_region" not in params or "shared_memory_byte_size" not in params:
-        raise invalid_arg(
-            f"{tensor} must set both 'shared_memory_region' and 'shared_memory_byte_size' in "
-            "'parameters' to use shared memory ('shared_memory_offset' is optional)"
-        )
-    if not isinstance(region, str):
-        raise invalid_arg(f"Unable to parse 'shared_memory_region' for {tensor}: expected a "
-                          "string")
-    values = []
-    for key in ("shared_memory_byte_size", "shared_memory_offset"):
-        value = _uint(params.get(key, 0), INT64_MAX)
-        if value is None:
-            raise invalid_arg(f"Unable to parse '{key}' for {tensor}: expected an integer "
-                              f"in [0, {INT64_MAX}]")
-        values.append(value)
-    return SharedMemorySlice(region, offset=values[1], byte_size=values[0])
-
-
 def format_dims(dims: list[int]) -> str:
     """Triton's DimsListToString: ``[1,16]``."""
     return "[" + ",".join(str(d) for d in dims) + "]"
@@ -407,13 +376,6 @@ def add_output_parameter(output: OutputRequest, key: str, value: Any) -> None:
         raise invalid_arg(f"{exc.message} (output '{output.name}')") from None
 
 
-def check_output_shm(output: OutputRequest) -> None:
-    """An output written to shared memory cannot also be classified (HTTP and gRPC)."""
-    if output.shm is not None and output.classification:
-        raise invalid_arg(f"Output '{output.name}' can't set both 'shared_memory_region' and "
-                          "'classification'")
-
-
 def _decode_output(name: str, params: dict[str, Any]) -> OutputRequest:
     output = OutputRequest(name, shm=decode_shared_memory(params, f"output '{name}'"))
     for key, value in params.items():
@@ -426,7 +388,7 @@ def _decode_output(name: str, params: dict[str, Any]) -> OutputRequest:
             if count is None:
                 raise invalid_arg(f"Unable to set 'classification' for output '{name}'")
             output.classification = count
-        elif key not in _SHM_KEYS:
+        elif key not in SHM_KEYS:
             add_output_parameter(output, key, value)
     check_output_shm(output)
     if output.shm is not None and output.binary:

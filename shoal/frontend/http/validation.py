@@ -16,9 +16,9 @@ from shoal.errors import invalid_arg
 from shoal.frontend.http.codec import (
     DecodedInput,
     DecodedRequest,
-    SharedMemorySlice,
     format_dims,
 )
+from shoal.frontend.shm_params import SharedMemorySlice
 from shoal.messages import ModelVersionInfo, Params, TensorSpec
 
 CLASSIFIABLE: Final = frozenset({

@@ -25,8 +25,8 @@ from shoal.frontend.grpc.health import (
     serialize_check_response,
 )
 from shoal.frontend.grpc.status import GRPC_STATUS, status_for
-from shoal.frontend.http.codec import SharedMemorySlice
 from shoal.frontend.http.validation import InferPlan, OutputPlan
+from shoal.frontend.shm_params import SharedMemorySlice
 from shoal.messages import InferResponse, TensorRef
 
 OUTPUTS: dict[str, np.ndarray[Any, Any]] = {
