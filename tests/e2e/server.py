@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -14,11 +15,23 @@ from collections.abc import Sequence
 import httpx
 import psutil
 
+_LISTEN_PORTS = range(20000, 32768)  # below Linux's ephemeral range (32768-60999 by default)
+_START_ATTEMPTS = 3
+
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A port nobody listens on now, chosen below the ephemeral range: a port the kernel hands
+    out for outgoing connections (bind to port 0) can be taken by any client's connect before
+    the server binds it."""
+    for _ in range(100):
+        port = random.choice(_LISTEN_PORTS)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 class ShoalServer:
@@ -30,6 +43,14 @@ class ShoalServer:
         extra_args: Sequence[str] = (),
         env: dict[str, str] | None = None,
     ) -> None:
+        self._repositories = list(repositories)
+        self._extra_args = list(extra_args)
+        self._choose_ports()
+        self.env = {**os.environ, **(env or {})}
+        self.process: subprocess.Popen[bytes] | None = None
+        self.log_path = ""
+
+    def _choose_ports(self) -> None:
         self.http_port = free_port()
         self.metrics_port = free_port()
         self.grpc_port = free_port()
@@ -38,17 +59,14 @@ class ShoalServer:
             "-m",
             "shoal",
             "serve",
-            *(f"--model-repository={r}" for r in repositories),
+            *(f"--model-repository={r}" for r in self._repositories),
             f"--http-port={self.http_port}",
             f"--metrics-port={self.metrics_port}",
             f"--grpc-port={self.grpc_port}",
             "--grpc-address=127.0.0.1",
             "--http-address=127.0.0.1",
-            *extra_args,
+            *self._extra_args,
         ]
-        self.env = {**os.environ, **(env or {})}
-        self.process: subprocess.Popen[bytes] | None = None
-        self.log_path = ""
 
     @property
     def url(self) -> str:
@@ -63,6 +81,23 @@ class ShoalServer:
         return f"http://127.0.0.1:{self.http_port}"
 
     def start(self, wait_ready: bool = True, timeout: float = 60.0) -> ShoalServer:
+        """Start the server (and wait until it is ready). A port taken between choosing it and
+        binding it (another process on the machine) gets new ports and another start."""
+        for attempt in range(_START_ATTEMPTS):
+            self._launch()
+            if not wait_ready:
+                return self
+            try:
+                self.wait_ready(timeout)
+                return self
+            except RuntimeError:
+                if attempt + 1 == _START_ATTEMPTS or "address already in use" not in self.log().lower():
+                    raise
+                self.stop()
+                self._choose_ports()
+        return self
+
+    def _launch(self) -> None:
         import tempfile
 
         log = tempfile.NamedTemporaryFile(prefix="shoal-e2e-", suffix=".log", delete=False)  # noqa: SIM115 (closed below, kept for the child)
@@ -71,9 +106,6 @@ class ShoalServer:
             self.args, stdout=log, stderr=subprocess.STDOUT, env=self.env
         )
         log.close()
-        if wait_ready:
-            self.wait_ready(timeout)
-        return self
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
