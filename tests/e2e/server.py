@@ -91,7 +91,8 @@ class ShoalServer:
                 self.wait_ready(timeout)
                 return self
             except RuntimeError:
-                if attempt + 1 == _START_ATTEMPTS or "address already in use" not in self.log().lower():
+                port_taken = "address already in use" in self.log().lower()
+                if attempt + 1 == _START_ATTEMPTS or not port_taken:
                     raise
                 self.stop()
                 self._choose_ports()
