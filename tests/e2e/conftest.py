@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import pathlib
 import time
 from collections.abc import Iterator
@@ -38,27 +39,30 @@ def _assert_clean_after(
     assert not shoal_processes() - procs_before, "server left processes running"
 
 
-@pytest.fixture(scope="module")
-def server(standard_repo: pathlib.Path) -> Iterator[ShoalServer]:
-    """One server over the standard repository, shared by a module's tests; at the end it must
-    stop with exit code 0 and leave no segment or process behind."""
+@contextlib.contextmanager
+def serving(srv: ShoalServer) -> Iterator[ShoalServer]:
+    """Start ``srv`` for the ``with`` block; at its end the server must stop with exit code 0
+    and leave no segment or process behind."""
     segments_before, procs_before = shoal_segments(), shoal_processes()
-    srv = ShoalServer([str(standard_repo)]).start()
+    srv.start()
     try:
         yield srv
     finally:
         _assert_clean_after(srv, segments_before, procs_before)
+
+
+@pytest.fixture(scope="module")
+def server(standard_repo: pathlib.Path) -> Iterator[ShoalServer]:
+    """One server over the standard repository, shared by a module's tests (``serving``)."""
+    with serving(ShoalServer([str(standard_repo)])) as srv:
+        yield srv
 
 
 @pytest.fixture(scope="module")
 def shm_server(standard_repo: pathlib.Path) -> Iterator[ShoalServer]:
     """Like ``server``, with client shared memory allowed (--allow-client-shm)."""
-    segments_before, procs_before = shoal_segments(), shoal_processes()
-    srv = ShoalServer([str(standard_repo)], ["--allow-client-shm=true"]).start()
-    try:
+    with serving(ShoalServer([str(standard_repo)], ["--allow-client-shm=true"])) as srv:
         yield srv
-    finally:
-        _assert_clean_after(srv, segments_before, procs_before)
 
 
 @pytest.fixture

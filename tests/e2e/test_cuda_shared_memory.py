@@ -25,10 +25,10 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from shoal.dtypes import DATATYPES
-from shoal.frontend.http.shared_memory import torch_sees_cuda
+from shoal.frontend.cuda_shm import torch_sees_cuda
 from shoal.shm.cuda_ipc import FAKE_ENV, fake_handle
-from tests.conftest import MakeObject, shoal_processes, shoal_segments
-from tests.e2e.conftest import _assert_clean_after
+from tests.conftest import MakeObject
+from tests.e2e.conftest import serving
 from tests.e2e.server import ShoalServer
 from tests.e2e.test_datatypes import sample
 from tests.e2e.test_shared_memory import pread, pwrite, start_sleepy_inference, wire
@@ -36,13 +36,9 @@ from tests.e2e.test_shared_memory import pread, pwrite, start_sleepy_inference, 
 
 @pytest.fixture(scope="module")
 def cuda_server(standard_repo: pathlib.Path) -> Iterator[ShoalServer]:
-    segments_before, procs_before = shoal_segments(), shoal_processes()
-    srv = ShoalServer([str(standard_repo)], ["--allow-client-shm=true"],
-                      env={FAKE_ENV: "1"}).start()
-    try:
+    with serving(ShoalServer([str(standard_repo)], ["--allow-client-shm=true"],
+                             env={FAKE_ENV: "1"})) as srv:
         yield srv
-    finally:
-        _assert_clean_after(srv, segments_before, procs_before)
 
 
 @pytest.fixture

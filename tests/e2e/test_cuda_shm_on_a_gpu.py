@@ -14,8 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import shoal_processes, shoal_segments
-from tests.e2e.conftest import _assert_clean_after
+from tests.e2e.conftest import serving
 from tests.e2e.models import identity_model
 from tests.e2e.server import ShoalServer
 
@@ -43,12 +42,8 @@ def gpu_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer
     (repo / "double_gpu" / "config.pbtxt").write_text(DOUBLE_CONFIG)
     torch.jit.script(_Double()).save(str(repo / "double_gpu" / "1" / "model.pt"))
     identity_model(repo, "identity_host", "FP32", dims="[ -1 ]", max_batch_size=0)
-    segments_before, procs_before = shoal_segments(), shoal_processes()
-    srv = ShoalServer([str(repo)], ["--allow-client-shm=true"]).start()
-    try:
+    with serving(ShoalServer([str(repo)], ["--allow-client-shm=true"])) as srv:
         yield srv
-    finally:
-        _assert_clean_after(srv, segments_before, procs_before)
 
 
 @pytest.mark.parametrize("model,factor", [("double_gpu", 2.0), ("identity_host", 1.0)])

@@ -28,7 +28,7 @@ from tritonclient.utils import InferenceServerException
 
 from shoal import dtypes
 from shoal.dtypes import DATATYPES
-from shoal.frontend.http.shared_memory import torch_sees_cuda
+from shoal.frontend.cuda_shm import torch_sees_cuda
 from shoal.model_config import config_from_json
 from tests.e2e.server import ShoalServer
 from tests.e2e.test_datatypes import sample

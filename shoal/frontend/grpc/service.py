@@ -21,13 +21,13 @@ from google.protobuf import json_format
 from tritonclient.grpc import service_pb2 as pb
 
 from shoal.errors import ShoalError, invalid_arg, unavailable
+from shoal.frontend.cuda_shm import CUDA_SHM_NO_DEVICE as CUDA_SHM_NO_DEVICE
+from shoal.frontend.cuda_shm import register_cuda_region
 from shoal.frontend.grpc.convert import parameter_value
 from shoal.frontend.grpc.inference import GrpcInference
 from shoal.frontend.grpc.status import INTERNAL_ERROR_MESSAGE, abort, guarded
 from shoal.frontend.http import documents
 from shoal.frontend.http.app import ModelControl, require_model_control
-from shoal.frontend.http.shared_memory import CUDA_SHM_NO_DEVICE as CUDA_SHM_NO_DEVICE
-from shoal.frontend.http.shared_memory import register_cuda_region
 from shoal.model_config import config_from_json
 from shoal.settings import Settings
 

@@ -8,19 +8,16 @@ Register/unregister need ``--allow-client-shm`` (UNSUPPORTED otherwise, as Trito
 status always works. System and CUDA regions share one namespace; status and unregister of one
 kind see only regions of that kind.
 
-CUDA registration needs a CUDA device the server can use (``server_cuda_devices``, shared with
-the gRPC service): UNSUPPORTED when torch sees none.
+CUDA registration goes through ``shoal.frontend.cuda_shm.register_cuda_region``, shared with the
+gRPC service (UNSUPPORTED when torch sees no CUDA device).
 
-Threads: the event loop (the registry is single-threaded), except the one-off CUDA probes.
+Threads: the event loop (the registry is single-threaded).
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
-import functools
-import os
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final
 
@@ -30,11 +27,11 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from shoal.errors import invalid_arg, unsupported
+from shoal.frontend.cuda_shm import register_cuda_region
 from shoal.frontend.http.errors import JSON_CONTENT_TYPE
 from shoal.frontend.http.infer import read_body
 from shoal.frontend.http.jsonparse import parse_json_object
 from shoal.frontend.shm_registry import DISABLED_MESSAGE
-from shoal.shm.cuda_ipc import fake_ipc_enabled
 
 if TYPE_CHECKING:
     from shoal.frontend.dataplane import DataPlane
@@ -43,9 +40,6 @@ if TYPE_CHECKING:
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 UINT64_MAX: Final = (1 << 64) - 1
-# device nodes without which no CUDA runtime (hence torch) can see a GPU: Linux driver, WSL
-_CUDA_DEVICE_NODES: Final = ("/dev/nvidiactl", "/dev/dxg")
-CUDA_SHM_NO_DEVICE: Final = "CUDA shared memory is not supported: torch sees no CUDA device"
 
 
 def _json(document: Any) -> Response:
@@ -59,54 +53,6 @@ def _ok() -> Response:
 def _region(request: Request) -> str | None:
     region = request.path_params.get("region")
     return None if region is None else str(region)
-
-
-@functools.cache
-def torch_sees_cuda() -> bool:
-    """``torch.cuda.is_available()``, without importing torch (hundreds of MB in the frontend)
-    when no NVIDIA device node exists. Blocking; call it off the event loop."""
-    if not any(os.path.exists(node) for node in _CUDA_DEVICE_NODES):
-        return False
-    try:
-        import torch
-    except ImportError:
-        return False
-    return bool(torch.cuda.is_available())
-
-
-@functools.cache
-def cuda_device_count() -> int:
-    """``torch.cuda.device_count()``, 0 when ``torch_sees_cuda()`` is false. Blocking (the
-    first call); call it off the event loop."""
-    if not torch_sees_cuda():
-        return 0
-    import torch
-
-    return int(torch.cuda.device_count())
-
-
-async def server_cuda_devices() -> int:
-    """How many CUDA devices registrations may name (device ids ``0 .. n-1``): one with the
-    test-only fake IPC (``SHOAL_FAKE_CUDA_IPC=1``), else torch's count, probed once in a thread.
-    None -> ShoalError(UNSUPPORTED, CUDA_SHM_NO_DEVICE)."""
-    if fake_ipc_enabled():
-        return 1
-    count = await asyncio.to_thread(cuda_device_count)
-    if count <= 0:
-        raise unsupported(CUDA_SHM_NO_DEVICE)
-    return count
-
-
-async def register_cuda_region(registry: SharedMemoryRegistry, settings: Settings, name: str,
-                               raw_handle: bytes, device_id: int, byte_size: int) -> None:
-    """CUDA register once a transport parsed the request (HTTP and gRPC): enabled, then a name
-    (a client error on any server), then a device to register on, then the registry's checks."""
-    if not settings.allow_client_shm:
-        raise unsupported(DISABLED_MESSAGE)
-    if not name:
-        raise invalid_arg("'region name' is necessary to register cuda shared memory region")
-    device_count = await server_cuda_devices()
-    registry.register_cuda(name, raw_handle, device_id, byte_size, device_count)
 
 
 class SharedMemoryApi:

@@ -12,8 +12,8 @@ import grpc
 import pytest
 from tritonclient.grpc import service_pb2 as pb
 
+from shoal.frontend import cuda_shm
 from shoal.frontend.grpc.service import CUDA_SHM_NO_DEVICE
-from shoal.frontend.http import shared_memory
 from shoal.frontend.shm_registry import DISABLED_MESSAGE, ClientSharedMemoryRegistry
 from shoal.messages import CudaHandle
 from shoal.settings import Settings
@@ -127,7 +127,7 @@ def test_one_name_space_with_system_regions(fake_ipc: None) -> None:
 
 def test_without_a_device_register_is_unsupported(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(FAKE_ENV, raising=False)
-    monkeypatch.setattr(shared_memory, "cuda_device_count", lambda: 0)
+    monkeypatch.setattr(cuda_shm, "cuda_device_count", lambda: 0)
 
     async def test(stub: Any, channel: Any) -> None:
         error = await rpc_error(stub.CudaSharedMemoryRegister(register_request("g", b"1" * 64)))

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
+from shoal.frontend import cuda_shm
 from shoal.frontend.dataplane import InferOutcome
-from shoal.frontend.http import shared_memory
 from shoal.frontend.http.app import create_app
 from shoal.frontend.shm_registry import ClientSharedMemoryRegistry
 from shoal.messages import CudaHandle, InferRequest, InferResponse, TensorRef
@@ -133,7 +133,7 @@ def test_region_name_is_required(dataplane: CudaFakeDataPlane) -> None:
 def test_without_a_device_register_is_unsupported(dataplane: CudaFakeDataPlane,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(FAKE_ENV, raising=False)
-    monkeypatch.setattr(shared_memory, "cuda_device_count", lambda: 0)
+    monkeypatch.setattr(cuda_shm, "cuda_device_count", lambda: 0)
     with app_client(dataplane) as client:
         reply = register(client, "g", body(b"\x01" * 64))
         assert (reply.status_code, reply.json()["error"]) == (501, NO_DEVICE)
@@ -144,7 +144,7 @@ def test_without_a_device_register_is_unsupported(dataplane: CudaFakeDataPlane,
 def test_this_machine_without_a_gpu_is_unsupported(dataplane: CudaFakeDataPlane,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(FAKE_ENV, raising=False)
-    if shared_memory.cuda_device_count():
+    if cuda_shm.cuda_device_count():
         pytest.skip("this machine has a CUDA device")
     with app_client(dataplane) as client:
         reply = register(client, "g", body(b"\x01" * 64))
@@ -154,7 +154,7 @@ def test_this_machine_without_a_gpu_is_unsupported(dataplane: CudaFakeDataPlane,
 def test_device_ids_follow_torchs_device_count(dataplane: CudaFakeDataPlane,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(FAKE_ENV, raising=False)
-    monkeypatch.setattr(shared_memory, "cuda_device_count", lambda: 2)
+    monkeypatch.setattr(cuda_shm, "cuda_device_count", lambda: 2)
     with app_client(dataplane) as client:
         assert register(client, "g", body(b"\x01" * 64, device_id=1)).status_code == 200
         reply = register(client, "h", body(b"\x01" * 64, device_id=2))
