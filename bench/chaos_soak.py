@@ -114,8 +114,16 @@ class StreamSession:
 
     def close(self) -> None:
         if self._client is not None:
+            stream = getattr(self._client, "_stream", None)
             with contextlib.suppress(Exception):
                 self._client.stop_stream(cancel_requests=True)
+            # tritonclient (2.x, _infer_stream.py) skips the end-of-requests sentinel when it
+            # cancels, so gRPC's thread that reads the request iterator blocks for good: one
+            # leaked thread per cancelled stream (the harness grew to ~32,000 threads in 30
+            # minutes). Give that thread its sentinel.
+            if stream is not None:
+                with contextlib.suppress(Exception):
+                    stream._request_queue.put(None)
             with contextlib.suppress(Exception):
                 self._client.close()
             self._client = None

@@ -168,6 +168,7 @@ class BrokerLoop:
             for slot in runtime.instances:
                 if (slot.restart_at is not None and slot.restart_at <= now
                         and not self.stopping and not runtime.retiring):
+                    slot.restarts += 1
                     self.spawn(runtime, slot, now)
             self.dispatch(runtime, now)
         if now >= self.lifecycle_due:
@@ -399,6 +400,9 @@ class BrokerLoop:
         response = InferResponse(key[1], runtime.version, message.outputs, message.parameters,
                                  message.error, message.lease, message.final, message.empty)
         self.answer(pending.frontend, response)
+        if not pending.responded:
+            pending.responded = True
+            runtime.stats.record_first_response(int((now - pending.arrival) * 1e9))
         if message.final:
             runtime.forget(key)
             elapsed = int((now - pending.arrival) * 1e9)

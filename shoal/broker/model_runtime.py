@@ -52,6 +52,7 @@ class PendingRequest:
     dispatched: float = 0.0
     exec_id: int = 0        # the id the worker knows it by (unique across frontends)
     worker: str = ""        # identity of the worker running it
+    responded: bool = False  # a decoupled request's first response went out
 
 
 @dataclass
@@ -64,6 +65,7 @@ class InstanceSlot:
     device_id: int
     worker: WorkerHandle | None = None
     failures: int = 0
+    restarts: int = 0  # workers started again after a death (dashboard, metrics)
     restart_at: float | None = None
     ever_ready: bool = False
     gave_up: bool = False

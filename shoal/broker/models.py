@@ -253,6 +253,12 @@ class ModelManager:
                 return ensemble_pending(r)
             return len(r.requests) - sum(len(k) for k in r.batches.values())
 
+        def in_flight(r: ModelVersionRuntime) -> int:
+            return sum(len(k) for k in r.batches.values()) + sum(
+                len(s.worker.streams) for s in r.instances if s.worker is not None)
+
         shown = [r for record in self.records.values() for r in record.visible()]
-        return [r.stats.snapshot(pending(r)) for r in shown
+        return [r.stats.snapshot(pending(r), in_flight(r),
+                                 {s.instance_name: s.restarts for s in r.instances})
+                for r in shown
                 if (not model or r.name == model) and (version < 0 or r.version == version)]

@@ -13,10 +13,18 @@ one counts only in ``fail``. Its composing models count its step requests as any
 
 from __future__ import annotations
 
+import bisect
 import time
 from dataclasses import dataclass, field
 
-from shoal.messages import BatchStat, BatchTimings, Duration, ModelStats
+from shoal.messages import (
+    LATENCY_BUCKET_BOUNDS_US,
+    BatchStat,
+    BatchTimings,
+    Duration,
+    LatencyHistogram,
+    ModelStats,
+)
 
 
 @dataclass
@@ -30,6 +38,22 @@ class _Acc:
 
     def frozen(self) -> Duration:
         return Duration(self.count, self.ns)
+
+
+@dataclass
+class _Histogram:
+    """Durations per LATENCY_BUCKET_BOUNDS_US bucket (one extra for those above the last)."""
+
+    counts: list[int] = field(default_factory=list)
+
+    def add(self, ns: int, count: int = 1) -> None:
+        if not self.counts:
+            self.counts = [0] * (len(LATENCY_BUCKET_BOUNDS_US) + 1)
+        # bucket i holds durations in (bound[i-1], bound[i]] µs
+        self.counts[bisect.bisect_left(LATENCY_BUCKET_BOUNDS_US, -(-ns // 1000))] += count
+
+    def frozen(self) -> LatencyHistogram:
+        return LatencyHistogram(list(self.counts))
 
 
 @dataclass
@@ -54,9 +78,15 @@ class ModelVersionStats:
     compute_output: _Acc = field(default_factory=_Acc)
     batches: dict[int, _BatchAcc] = field(default_factory=dict)
     fail_by_reason: dict[str, int] = field(default_factory=dict)
+    request_latency: _Histogram = field(default_factory=_Histogram)
+    queue_latency: _Histogram = field(default_factory=_Histogram)
+    compute_latency: _Histogram = field(default_factory=_Histogram)
+    first_response_latency: _Histogram = field(default_factory=_Histogram)
 
     def record_execution(self, rows: int, requests: int, timings: BatchTimings) -> None:
         self._count_execution(rows, timings)
+        self.compute_latency.add(timings.compute_input_ns + timings.compute_infer_ns
+                                 + timings.compute_output_ns, requests)
         self.compute_input.add(timings.compute_input_ns * requests, requests)
         self.compute_infer.add(timings.compute_infer_ns * requests, requests)
         self.compute_output.add(timings.compute_output_ns * requests, requests)
@@ -66,7 +96,11 @@ class ModelVersionStats:
         """One successful ensemble request of ``batch_size`` rows; ``compute``: the sums over
         the composing requests it made."""
         self.success.add(request_ns)
+        self.request_latency.add(request_ns)
         self.queue.add(queue_ns)
+        self.queue_latency.add(queue_ns)
+        self.compute_latency.add(compute.compute_input_ns + compute.compute_infer_ns
+                                 + compute.compute_output_ns)
         self.compute_input.add(compute.compute_input_ns)
         self.compute_infer.add(compute.compute_infer_ns)
         self.compute_output.add(compute.compute_output_ns)
@@ -74,9 +108,16 @@ class ModelVersionStats:
 
     def record_queue(self, ns: int) -> None:
         self.queue.add(ns)
+        self.queue_latency.add(ns)
 
     def record_success(self, ns: int) -> None:
         self.success.add(ns)
+        self.request_latency.add(ns)
+
+    def record_first_response(self, ns: int) -> None:
+        """A decoupled request's first response (or its end, if it had none) ``ns`` after its
+        arrival."""
+        self.first_response_latency.add(ns)
 
     def record_failure(self, ns: int, reason: str) -> None:
         """reason: REJECTED | CANCELED | BACKEND | OTHER (Triton's metric label)."""
@@ -92,7 +133,8 @@ class ModelVersionStats:
         acc.compute_infer.add(timings.compute_infer_ns)
         acc.compute_output.add(timings.compute_output_ns)
 
-    def snapshot(self, pending: int) -> ModelStats:
+    def snapshot(self, pending: int, in_flight: int = 0,
+                 instance_restarts: dict[str, int] | None = None) -> ModelStats:
         return ModelStats(
             name=self.name, version=self.version, last_inference_ms=self.last_inference_ms,
             inference_count=self.inference_count, execution_count=self.execution_count,
@@ -105,4 +147,9 @@ class ModelVersionStats:
                 for size, acc in sorted(self.batches.items())
             ],
             pending=pending, fail_by_reason=dict(self.fail_by_reason),
+            in_flight=in_flight, request_latency=self.request_latency.frozen(),
+            queue_latency=self.queue_latency.frozen(),
+            compute_latency=self.compute_latency.frozen(),
+            first_response_latency=self.first_response_latency.frozen(),
+            instance_restarts=dict(instance_restarts or {}),
         )

@@ -17,7 +17,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 
 from shoal.errors import ShoalError
 from shoal.messages import ModelLoadStats, ModelStats, ModelVersionState, RepositorySnapshot
@@ -156,9 +156,10 @@ def render_prometheus(stats: Sequence[ModelStats],
     return "\n".join(lines) + "\n"
 
 
-def create_metrics_app(dataplane: DataPlane) -> Starlette:
-    """``GET /metrics`` and ``/metrics/``. Like Triton's metrics port: another method is 405
-    ``{"error":"Method Not Allowed"}``; any other path is 400 with an empty body."""
+def create_metrics_app(dataplane: DataPlane, extra_routes: Sequence[BaseRoute] = ()) -> Starlette:
+    """``GET /metrics`` and ``/metrics/``, and ``extra_routes`` (the ops dashboard). Like
+    Triton's metrics port: another method is 405 ``{"error":"Method Not Allowed"}``; any other
+    path is 400 with an empty body."""
 
     async def metrics(request: Request) -> Response:
         models: Sequence[ModelStats] = ()
@@ -182,7 +183,7 @@ def create_metrics_app(dataplane: DataPlane) -> Starlette:
 
     app = Starlette(
         routes=[Route("/metrics", metrics, methods=["GET"]),
-                Route("/metrics/", metrics, methods=["GET"])],
+                Route("/metrics/", metrics, methods=["GET"]), *extra_routes],
         exception_handlers={HTTPException: other},
     )
     app.router.redirect_slashes = False

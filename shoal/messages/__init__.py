@@ -25,6 +25,7 @@ from typing import Final
 import msgspec
 
 from shoal.messages.frontend import (
+    LATENCY_BUCKET_BOUNDS_US,
     BatchStat,
     CancelRequest,
     ClientRegion,
@@ -35,6 +36,7 @@ from shoal.messages.frontend import (
     InferRequestBatch,
     InferResponse,
     InferResponseBatch,
+    LatencyHistogram,
     LoadModel,
     ModelLoadStats,
     ModelStats,
@@ -171,6 +173,7 @@ def decode(frames: list[bytes]) -> Message:
 
 
 __all__ = [
+    "LATENCY_BUCKET_BOUNDS_US",
     "Batch",
     "BatchResult",
     "BatchStat",
@@ -190,6 +193,7 @@ __all__ = [
     "InferResponse",
     "InferResponseBatch",
     "InlineTensor",
+    "LatencyHistogram",
     "Lease",
     "LoadModel",
     "Message",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from typing import Final
 
 import msgspec
 
@@ -215,6 +216,25 @@ class Duration(msgspec.Struct, frozen=True, array_like=True):
     ns: int
 
 
+def _latency_bounds_us() -> tuple[int, ...]:
+    steps = (1.0, 1.5, 2.0, 3.0, 5.0, 7.0)
+    return (*(int(s * 10**k) for k in range(1, 8) for s in steps), 10**8)
+
+
+# Upper bounds (µs, inclusive) of the latency histogram buckets in ModelStats: 1, 1.5, 2, 3, 5, 7
+# per decade from 10 µs to 100 s. Every 1-2-5 bound is one of them (Triton's default histogram
+# buckets 100 / 500 / 2000 / 5000 ms among them), so coarser Prometheus buckets sum exactly.
+LATENCY_BUCKET_BOUNDS_US: Final[tuple[int, ...]] = _latency_bounds_us()
+
+
+class LatencyHistogram(msgspec.Struct, frozen=True, array_like=True):
+    """Counts of durations per bucket (not cumulative): ``counts[i]`` holds the durations in
+    (bound[i-1], bound[i]] of LATENCY_BUCKET_BOUNDS_US, and the one extra last entry those above
+    the last bound. Empty (``[]``) until the first duration is recorded."""
+
+    counts: list[int] = []
+
+
 class BatchStat(msgspec.Struct, frozen=True, array_like=True):
     batch_size: int
     compute_input: Duration
@@ -239,6 +259,13 @@ class ModelStats(msgspec.Struct, frozen=True, array_like=True):
     batch_stats: list[BatchStat]
     pending: int = 0
     fail_by_reason: dict[str, int] = {}
+    # Operations view (dashboard, histogram / summary metrics); not part of Triton's extension.
+    in_flight: int = 0  # requests sent to a worker and not yet answered
+    request_latency: LatencyHistogram = LatencyHistogram()  # arrival -> end, successes only
+    queue_latency: LatencyHistogram = LatencyHistogram()  # arrival -> sent to a worker
+    compute_latency: LatencyHistogram = LatencyHistogram()  # compute input + infer + output
+    first_response_latency: LatencyHistogram = LatencyHistogram()  # arrival -> first response
+    instance_restarts: dict[str, int] = {}  # instance name -> worker restarts since loaded
 
 
 class StatsReply(msgspec.Struct, frozen=True, array_like=True):

@@ -1,0 +1,41 @@
+"""Latency histograms of ModelVersionStats: bucket edges, per-request compute, snapshot."""
+
+from __future__ import annotations
+
+from shoal.broker.stats import ModelVersionStats
+from shoal.messages import LATENCY_BUCKET_BOUNDS_US, BatchTimings
+
+
+def _bucket(hist: list[int]) -> list[int]:
+    return [i for i, count in enumerate(hist) for _ in range(count)]
+
+
+def test_durations_land_in_the_bucket_whose_upper_bound_covers_them() -> None:
+    stats = ModelVersionStats("m", 1)
+    stats.record_queue(10_000)  # exactly 10 µs: the first bound is inclusive
+    stats.record_queue(10_001)  # just above: the next bucket
+    stats.record_queue(200 * 10**9)  # 200 s: past the last bound
+    counts = stats.snapshot(0).queue_latency.counts
+    assert len(counts) == len(LATENCY_BUCKET_BOUNDS_US) + 1
+    assert _bucket(counts) == [0, 1, len(LATENCY_BUCKET_BOUNDS_US)]
+
+
+def test_compute_counts_each_request_of_a_batch_and_success_counts_requests() -> None:
+    stats = ModelVersionStats("m", 1)
+    stats.record_execution(rows=4, requests=3, timings=BatchTimings(1_000, 2_000_000, 1_000))
+    stats.record_success(5 * 10**6)
+    snap = stats.snapshot(pending=2, in_flight=1, instance_restarts={"m_0": 2})
+    compute = snap.compute_latency.counts
+    index = LATENCY_BUCKET_BOUNDS_US.index(3000)  # 2.002 ms is in (2 ms, 3 ms]
+    assert compute[index] == 3 and sum(compute) == 3
+    assert sum(snap.request_latency.counts) == 1
+    assert snap.queue_latency.counts == [] and snap.first_response_latency.counts == []
+    assert (snap.pending, snap.in_flight, snap.instance_restarts) == (2, 1, {"m_0": 2})
+
+
+def test_bounds_include_every_one_two_five_step_and_are_increasing() -> None:
+    bounds = LATENCY_BUCKET_BOUNDS_US
+    assert list(bounds) == sorted(set(bounds))
+    for decade in range(1, 8):
+        for step in (1, 2, 5):
+            assert step * 10**decade in bounds
