@@ -64,6 +64,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     client_shm_max_bytes: int = 64 * 1024 * 1024 * 1024
     grpc_address: str = "0.0.0.0"
     allow_grpc: bool = True
+    # restricted APIs (frontend/restricted.py): (category, header key, value) per restricted
+    # category, from --http-restricted-api / --grpc-restricted-protocol (gRPC keys carry
+    # Triton's "triton-grpc-protocol-" prefix already)
+    http_restricted_apis: list[tuple[str, str, str]] = []
+    grpc_restricted_protocols: list[tuple[str, str, str]] = []
     # gRPC limits (frontend/grpc/server.py); times in ms as tritonserver's --grpc-* flags; 0 for
     # the connection age/idle limits = none
     grpc_max_connections: int = 4096        # per frontend process

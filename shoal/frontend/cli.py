@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from shoal.frontend.restricted import RestrictionError, parse_restrictions
 from shoal.settings import ModelControlMode, Settings
 
 GRPC_INT_MAX = 2**31 - 1  # grpc channel arguments are C ints
@@ -63,6 +64,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--grpc-port", type=int, default=8001)
     serve.add_argument("--grpc-address", default="0.0.0.0")
     _bool_flag(serve, "--allow-grpc", True, "serve the gRPC endpoint on --grpc-port")
+    serve.add_argument("--http-restricted-api", action="append", default=[],
+                       metavar="CATEGORY[,CATEGORY...]:KEY=VALUE",
+                       help="HTTP requests to these API categories need header KEY: VALUE, "
+                       "else 403 (repeatable; a category in one group only)")
+    serve.add_argument("--grpc-restricted-protocol", action="append", default=[],
+                       metavar="CATEGORY[,CATEGORY...]:KEY=VALUE",
+                       help="gRPC calls of these categories need metadata "
+                       "triton-grpc-protocol-KEY: VALUE (repeatable)")
     _bool_flag(serve, "--allow-client-shm", False,
                "allow clients to register system/CUDA shared-memory regions")
     serve.add_argument("--client-shm-max-regions", type=int, default=1024)
@@ -186,6 +195,10 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         client_shm_max_regions=args.client_shm_max_regions,
         client_shm_max_bytes=args.client_shm_max_bytes,
         grpc_address=args.grpc_address, allow_grpc=args.allow_grpc,
+        http_restricted_apis=parse_restrictions(args.http_restricted_api,
+                                                flag="--http-restricted-api", grpc=False),
+        grpc_restricted_protocols=parse_restrictions(args.grpc_restricted_protocol,
+                                                     flag="--grpc-restricted-protocol", grpc=True),
         shm_segment_bytes=args.shm_segment_byte_size,
         shm_arena_max_bytes=args.shm_arena_byte_size,
     )
@@ -223,7 +236,10 @@ def main(argv: list[str] | None = None) -> int:
                  "--grpc-max-concurrent-streams"):
         if getattr(args, flag[2:].replace("-", "_")) > GRPC_INT_MAX:
             parser.error(f"{flag} must be at most {GRPC_INT_MAX} (a grpc channel argument)")
-    settings = settings_from_args(args)
+    try:
+        settings = settings_from_args(args)
+    except RestrictionError as exc:
+        parser.error(str(exc))
     from shoal.frontend.supervisor import run_supervisor
 
     return run_supervisor(settings)

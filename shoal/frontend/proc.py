@@ -25,6 +25,7 @@ from shoal.frontend.dataplane_impl import FrontendDataPlane
 from shoal.frontend.http.app import create_asgi_app
 from shoal.frontend.http.guard import HttpLimits, guarded_protocol
 from shoal.frontend.http.log_settings import LogSettings, ProcessLogSettings
+from shoal.frontend.http.restricted import restrict_metrics_app
 from shoal.frontend.limits import (
     log_descriptor_budget,
     plan_descriptor_budget,
@@ -32,6 +33,7 @@ from shoal.frontend.limits import (
 )
 from shoal.frontend.metrics import create_metrics_app
 from shoal.frontend.ports import port_free, port_in_use_message
+from shoal.frontend.restricted import RestrictedApis
 from shoal.settings import Settings
 from shoal.workers.lifecycle import (
     STOP_SIGNAL,
@@ -120,7 +122,9 @@ async def serve_frontend(settings: Settings, index: int = 0) -> None:
                        _http_limits(settings, budget.http_connections, budget.over_cap))]
     listening = [("HTTP", settings.http_port, True)]
     if settings.allow_metrics and index == 0:
-        servers.append(_server(create_metrics_app(dataplane), settings.http_address,
+        metrics_app = restrict_metrics_app(create_metrics_app(dataplane),
+                                           RestrictedApis(settings.http_restricted_apis))
+        servers.append(_server(metrics_app, settings.http_address,
                                settings.metrics_port, settings.log_verbose,
                                _http_limits(settings, budget.metrics_connections,
                                             METRICS_OVER_CAP)))

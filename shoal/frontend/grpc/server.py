@@ -11,6 +11,9 @@ queues its calls past it); Triton's keepalive flags (a client pinging more often
 and past ``--grpc-http2-max-ping-strikes`` a GOAWAY ENHANCE_YOUR_CALM "too_many_pings");
 optional connection idle and age limits (GOAWAY, then clients reconnect).
 
+Restricted APIs (``--grpc-restricted-protocol``): an interceptor checks each call's metadata
+(``grpc/restricted.py``); every served method must have a category or the server is not built.
+
 The server is created inside the running event loop (grpc.aio uses it) and started by the
 caller: ``await server.start()``; ``await server.stop(grace)`` ends it.
 """
@@ -23,8 +26,10 @@ import grpc
 from tritonclient.grpc import service_pb2_grpc
 
 from shoal.frontend.grpc.health import health_handler
+from shoal.frontend.grpc.restricted import restricted_interceptors
 from shoal.frontend.grpc.service import InferenceServicer
 from shoal.frontend.http.log_settings import LogSettings, ProcessLogSettings
+from shoal.frontend.restricted import RestrictedApis
 from shoal.settings import Settings
 
 if TYPE_CHECKING:
@@ -78,7 +83,9 @@ def create_grpc_server(
     if log_settings is None:
         log_settings = ProcessLogSettings(LogSettings(log_verbose_level=max(settings.log_verbose,
                                                                             0)))
-    server = grpc.aio.server(options=server_options(settings, max_connections))
+    interceptors = restricted_interceptors(RestrictedApis(settings.grpc_restricted_protocols))
+    server = grpc.aio.server(options=server_options(settings, max_connections),
+                             interceptors=interceptors)
     servicer = InferenceServicer(dataplane, settings, log_settings)
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
     server.add_generic_rpc_handlers((health_handler(dataplane),))

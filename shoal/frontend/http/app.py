@@ -15,14 +15,14 @@ import base64
 import binascii
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
 
 import orjson
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
-from starlette.routing import BaseRoute, Route
+from starlette.routing import BaseRoute
 from starlette.types import ASGIApp
 
 from shoal.errors import ShoalError, invalid_arg, unavailable, unsupported
@@ -37,7 +37,9 @@ from shoal.frontend.http.generate import GenerateHandler
 from shoal.frontend.http.infer import InferHandler, read_body
 from shoal.frontend.http.jsonparse import parse_json_object
 from shoal.frontend.http.log_settings import LogSettings, ProcessLogSettings
+from shoal.frontend.http.restricted import ApiRoute, gate_routes
 from shoal.frontend.http.shared_memory import SharedMemoryApi
+from shoal.frontend.restricted import ApiCategory, RestrictedApis
 from shoal.settings import ModelControlMode, Settings
 
 if TYPE_CHECKING:
@@ -219,38 +221,52 @@ def _load_parameters(document: dict[str, Any]) -> dict[str, str | bytes]:
     return loaded
 
 
-def _model_routes(prefix: str, api: HttpApi, infer: Endpoint) -> list[Route]:
+INFER_ROUTE: Final = "/v2/models/{model}/infer"
+
+
+def _model_routes(prefix: str, api: HttpApi, infer: Endpoint) -> list[ApiRoute]:
     generate = GenerateHandler(api.dataplane, api.settings.http_max_input_size, streaming=False)
     generate_stream = GenerateHandler(api.dataplane, api.settings.http_max_input_size,
                                       streaming=True)
     return [
-        Route(prefix, guarded(api.model_metadata), methods=["GET"]),
-        Route(prefix + "/ready", guarded(api.model_ready), methods=["GET"]),
-        Route(prefix + "/config", guarded(api.model_config), methods=["GET"]),
-        Route(prefix + "/stats", guarded(api.model_stats), methods=["GET"]),
-        Route(prefix + "/infer", infer, methods=["POST"]),
-        Route(prefix + "/generate", guarded(generate), methods=["POST"]),
-        Route(prefix + "/generate_stream", guarded(generate_stream), methods=["POST"]),
+        ApiRoute(prefix, guarded(api.model_metadata), methods=["GET"],
+                 category=ApiCategory.METADATA),
+        ApiRoute(prefix + "/ready", guarded(api.model_ready), methods=["GET"],
+                 category=ApiCategory.HEALTH),
+        ApiRoute(prefix + "/config", guarded(api.model_config), methods=["GET"],
+                 category=ApiCategory.MODEL_CONFIG),
+        ApiRoute(prefix + "/stats", guarded(api.model_stats), methods=["GET"],
+                 category=ApiCategory.STATISTICS),
+        ApiRoute(prefix + "/infer", infer, methods=["POST"], category=ApiCategory.INFERENCE),
+        ApiRoute(prefix + "/generate", guarded(generate), methods=["POST"],
+                 category=ApiCategory.INFERENCE),
+        ApiRoute(prefix + "/generate_stream", guarded(generate_stream), methods=["POST"],
+                 category=ApiCategory.INFERENCE),
     ]
 
 
 def _routes(api: HttpApi, infer: Endpoint) -> list[BaseRoute]:
+    """The route table: every route is an ApiRoute with its category (``http/restricted.py``)."""
     routes: list[BaseRoute] = [
         *SharedMemoryApi(api.dataplane, api.settings).routes(guarded),
-        Route("/v2", guarded(api.server_metadata), methods=["GET"]),
-        Route("/v2/health/live", guarded(api.live), methods=["GET"]),
-        Route("/v2/health/ready", guarded(api.ready), methods=["GET"]),
-        Route("/v2/models/stats", guarded(api.all_stats), methods=["GET"]),
-        Route("/v2/logging", guarded(api.logging_settings), methods=["GET", "POST"]),
-        Route("/v2/repository/index", guarded(api.repository_index), methods=["POST"]),
-        Route("/v2/repository/{repository}/index", guarded(api.repository_index),
-              methods=["POST"]),
+        ApiRoute("/v2", guarded(api.server_metadata), methods=["GET"],
+                 category=ApiCategory.METADATA),
+        ApiRoute("/v2/health/live", guarded(api.live), methods=["GET"],
+                 category=ApiCategory.HEALTH),
+        ApiRoute("/v2/health/ready", guarded(api.ready), methods=["GET"],
+                 category=ApiCategory.HEALTH),
+        ApiRoute("/v2/models/stats", guarded(api.all_stats), methods=["GET"],
+                 category=ApiCategory.STATISTICS),
+        ApiRoute("/v2/logging", guarded(api.logging_settings), methods=["GET", "POST"],
+                 category=ApiCategory.LOGGING),
     ]
     for prefix in ("/v2/repository", "/v2/repository/{repository}"):
-        routes.append(Route(prefix + "/models/{model}/load", guarded(api.load_model),
-                            methods=["POST"]))
-        routes.append(Route(prefix + "/models/{model}/unload", guarded(api.unload_model),
-                            methods=["POST"]))
+        routes.append(ApiRoute(prefix + "/index", guarded(api.repository_index),
+                               methods=["POST"], category=ApiCategory.MODEL_REPOSITORY))
+        routes.append(ApiRoute(prefix + "/models/{model}/load", guarded(api.load_model),
+                               methods=["POST"], category=ApiCategory.MODEL_REPOSITORY))
+        routes.append(ApiRoute(prefix + "/models/{model}/unload", guarded(api.unload_model),
+                               methods=["POST"], category=ApiCategory.MODEL_REPOSITORY))
     routes += _model_routes("/v2/models/{model}", api, infer)
     routes += _model_routes("/v2/models/{model}/versions/{version:int}", api, infer)
     return routes
@@ -273,17 +289,22 @@ def create_app(
     extra_routes: Sequence[BaseRoute] = (),
     log_settings: ProcessLogSettings | None = None,
 ) -> Starlette:
-    """The HTTP app. ``extra_routes`` (e.g. the shared-memory extension) are matched before the
-    built-in routes; ``log_settings`` are shared with the process's other endpoints."""
+    """The HTTP app. ``extra_routes`` (ApiRoutes) are matched before the built-in routes;
+    ``log_settings`` are shared with the process's other endpoints. Every route gets the gate of
+    its category from ``--http-restricted-api`` (TypeError for a route without a category)."""
     api = HttpApi(dataplane, settings, log_settings)
     infer = guarded(InferHandler(dataplane, settings.http_max_input_size))
+    routes = [*extra_routes, *_routes(api, infer)]
+    gate_routes(routes, RestrictedApis(settings.http_restricted_apis))
     app = Starlette(
-        routes=[*extra_routes, *_routes(api, infer)],
+        routes=routes,
         exception_handlers={HTTPException: _http_exception, Exception: _unexpected},
     )
     app.router.redirect_slashes = False  # Triton: "/v2/" is not "/v2"
     app.state.api = api
     app.state.infer = infer
+    app.state.infer_route = next(r for r in routes
+                                 if isinstance(r, ApiRoute) and r.path == INFER_ROUTE)
     return app
 
 
@@ -293,4 +314,5 @@ def create_asgi_app(dataplane: DataPlane, settings: Settings,
     from shoal.frontend.http.fastpath import InferFastPath
 
     app = create_app(dataplane, settings, log_settings=log_settings)
-    return InferFastPath(app, app.state.infer, settings.http_max_input_size)
+    return InferFastPath(app, app.state.infer, settings.http_max_input_size,
+                         app.state.infer_route.gate)

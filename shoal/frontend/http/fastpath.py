@@ -23,15 +23,21 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from shoal.frontend.http.app import Endpoint
 from shoal.frontend.http.compression import size_limit_error
 from shoal.frontend.http.errors import shoal_error_response
+from shoal.frontend.http.restricted import HttpGate
 
 INFER_PATH: Final = re.compile(r"^/v2/models/([^/]+)(?:/versions/([0-9]+))?/infer$")
 
 
 class InferFastPath:
-    def __init__(self, app: ASGIApp, infer: Endpoint, max_body: int) -> None:
+    """``gate``: the infer route's restricted-API gate (``ApiRoute.gate``, None when
+    ``inference`` is not restricted), checked before the body is read, as the route would."""
+
+    def __init__(self, app: ASGIApp, infer: Endpoint, max_body: int,
+                 gate: HttpGate | None = None) -> None:
         self._app = app
         self._infer = infer
         self._max_body = max_body
+        self._gate = gate
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
@@ -47,6 +53,11 @@ class InferFastPath:
         await self._app(scope, receive, send)
 
     async def _serve_infer(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self._gate is not None:
+            refused = self._gate.refusal(scope)
+            if refused is not None:
+                await refused(scope, receive, send)
+                return
         body_messages: list[Message] = []
         size = 0
         while True:  # the body first, never more than the limit

@@ -24,13 +24,14 @@ from typing import TYPE_CHECKING, Any, Final
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
 
 from shoal.errors import invalid_arg, unsupported
 from shoal.frontend.cuda_shm import register_cuda_region
 from shoal.frontend.http.errors import JSON_CONTENT_TYPE
 from shoal.frontend.http.infer import read_body
 from shoal.frontend.http.jsonparse import parse_json_object
+from shoal.frontend.http.restricted import ApiRoute
+from shoal.frontend.restricted import ApiCategory
 from shoal.frontend.shm_registry import DISABLED_MESSAGE
 
 if TYPE_CHECKING:
@@ -121,17 +122,20 @@ class SharedMemoryApi:
         body = await read_body(request, self._settings.http_max_input_size)
         return parse_json_object(body, "shared memory register request")
 
-    def routes(self, guard: Callable[[Endpoint], Endpoint]) -> list[Route]:
-        routes: list[Route] = []
+    def routes(self, guard: Callable[[Endpoint], Endpoint]) -> list[ApiRoute]:
+        routes: list[ApiRoute] = []
+        shm = ApiCategory.SHARED_MEMORY
         for kind, status, register, unregister in (
             ("system", self.system_status, self.system_register, self.system_unregister),
             ("cuda", self.cuda_status, self.cuda_register, self.cuda_unregister),
         ):
             for prefix in (f"/v2/{kind}sharedmemory", f"/v2/{kind}sharedmemory/region/{{region}}"):
-                routes.append(Route(prefix + "/status", guard(status), methods=["GET"]))
-                routes.append(Route(prefix + "/register", guard(register), methods=["POST"]))
-                routes.append(Route(prefix + "/unregister", guard(unregister),
-                                    methods=["POST"]))
+                routes.append(ApiRoute(prefix + "/status", guard(status), methods=["GET"],
+                                       category=shm))
+                routes.append(ApiRoute(prefix + "/register", guard(register), methods=["POST"],
+                                       category=shm))
+                routes.append(ApiRoute(prefix + "/unregister", guard(unregister),
+                                       methods=["POST"], category=shm))
         return routes
 
 

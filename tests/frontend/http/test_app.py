@@ -8,11 +8,12 @@ from dataclasses import dataclass, field
 
 import pytest
 from starlette.responses import Response
-from starlette.routing import Route
 from starlette.testclient import TestClient
 
 from shoal.errors import ErrorCode
 from shoal.frontend.http.app import create_app
+from shoal.frontend.http.restricted import ApiRoute
+from shoal.frontend.restricted import ApiCategory
 from shoal.messages import Duration, Error, ModelStats, ModelVersionState, TensorSpec
 from shoal.settings import ModelControlMode, Settings
 from tests.frontend.http.fakes import FakeDataPlane, make_model
@@ -334,7 +335,8 @@ def test_extra_routes_are_served_first(dataplane: FakeDataPlane) -> None:
         return Response(b"[]", media_type="application/json")
 
     app = create_app(dataplane, SETTINGS, extra_routes=[
-        Route("/v2/systemsharedmemory/status", region_status, methods=["GET"])])
+        ApiRoute("/v2/systemsharedmemory/status", region_status, methods=["GET"],
+                 category=ApiCategory.SHARED_MEMORY)])
     with TestClient(app) as client:
         assert client.get("/v2/systemsharedmemory/status").json() == []
         assert client.get("/v2/health/live").status_code == 200
