@@ -176,11 +176,18 @@ def test_everything_shoal_writes_is_on_a_writable_volume() -> None:
         assert "emptyDir" in volume(pod_spec(), path)
 
 
-def test_grace_period_covers_prestop_and_both_drain_stages() -> None:
-    hook = container()["lifecycle"]["preStop"]["exec"]["command"]
+def shutdown_seconds(target: Manifest, exit_timeout_secs: float) -> float:
+    """The longest a pod of ``target`` (a container) takes to stop after the kubelet begins:
+    the preStop sleep, then Supervisor.stop's two stages and the final wait for stragglers."""
+    hook = target["lifecycle"]["preStop"]["exec"]["command"]
     assert hook[0] == "sleep"
-    drain_s = 2 * (settings().exit_timeout_secs + STOP_STAGE_MARGIN_S) + _LEAVE_WAIT_S
-    assert pod_spec()["terminationGracePeriodSeconds"] >= float(hook[1]) + drain_s
+    drain_s = 2 * (exit_timeout_secs + STOP_STAGE_MARGIN_S) + _LEAVE_WAIT_S
+    return float(hook[1]) + drain_s
+
+
+def test_grace_period_covers_prestop_and_both_drain_stages() -> None:
+    needed_s = shutdown_seconds(container(), settings().exit_timeout_secs)
+    assert pod_spec()["terminationGracePeriodSeconds"] >= needed_s
 
 
 # ---------------------------------------------------------------- the objects around the pod
@@ -300,10 +307,29 @@ def test_serving_runtime_container_is_restricted_and_sized_like_the_deployment()
     assert "emptyDir" in volume(spec, env(spec["containers"][0])["TMPDIR"])
 
 
+def test_serving_runtime_probes_the_health_endpoints_on_its_rest_port() -> None:
+    (kserve_container,) = runtime()["spec"]["containers"]
+    paths = {kind: kserve_container[kind]["httpGet"] for kind in
+             ("livenessProbe", "readinessProbe", "startupProbe")}
+    assert paths["livenessProbe"]["path"] == LIVE_PATH
+    assert paths["readinessProbe"]["path"] == READY_PATH == paths["startupProbe"]["path"]
+    assert {p["port"] for p in paths.values()} == {runtime_settings().http_port}
+
+
+def inference_services() -> dict[str, Manifest]:
+    return {name: one("InferenceService", name)["spec"]["predictor"]
+            for name in ("shoal-example", "shoal-example-grpc")}
+
+
+def test_inference_services_give_the_runtime_its_drain_time() -> None:
+    (kserve_container,) = runtime()["spec"]["containers"]
+    needed_s = shutdown_seconds(kserve_container, runtime_settings().exit_timeout_secs)
+    for predictor in inference_services().values():
+        assert predictor["terminationGracePeriodSeconds"] >= needed_s
+
+
 def test_inference_services_use_the_runtime_and_its_ports() -> None:
-    services = {doc["metadata"]["name"]: doc["spec"]["predictor"]["model"]
-                for doc in (one("InferenceService", "shoal-example"),
-                            one("InferenceService", "shoal-example-grpc"))}
+    services = {name: predictor["model"] for name, predictor in inference_services().items()}
     for model in services.values():
         assert model["runtime"] == runtime()["metadata"]["name"]
         assert model["protocolVersion"] in runtime()["spec"]["protocolVersions"]
