@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from shoal.broker.model_runtime import ModelVersionRuntime
 from shoal.broker.schedulers.base import RequestKey
+from shoal.broker.trace_stamps import record_compute, with_stamps
 from shoal.errors import ErrorCode
 from shoal.messages import BatchResult, Error, InferResponse, WrittenState
 
@@ -23,10 +24,13 @@ def batch_outcomes(runtime: ModelVersionRuntime, keys: list[RequestKey], message
     runtime.stats.record_execution(rows, len(keys), message.timings)
     outcomes: list[Outcome] = []
     for key in keys:
-        exec_id = runtime.requests[key].exec_id if key in runtime.requests else 0
+        pending = runtime.requests.get(key)
+        exec_id = pending.exec_id if pending is not None else 0
         result = by_exec.get(exec_id)
+        if pending is not None and pending.trace is not None:
+            record_compute(pending.trace, message.timings)
         if runtime.decoupled and result is None:
-            if key in runtime.requests:
+            if pending is not None:
                 streams.add(exec_id)
             continue
         pending = runtime.forget(key)
@@ -44,6 +48,8 @@ def batch_outcomes(runtime: ModelVersionRuntime, keys: list[RequestKey], message
             response = InferResponse(key[1], runtime.version, result.outputs, result.parameters,
                                      None, message.lease)
             runtime.stats.record_success(elapsed)
+        if pending.trace is not None:
+            response = with_stamps(response, pending)
         outcomes.append((key, pending.frontend, response))
     return outcomes
 

@@ -26,6 +26,7 @@ from shoal.broker.model_runtime import InstanceSlot, ModelVersionRuntime
 from shoal.broker.models import ModelManager
 from shoal.broker.pool import WorkerHandle, WorkerState, reap, restart_delay, spawn_worker
 from shoal.broker.schedulers.base import RequestKey
+from shoal.broker.trace_stamps import with_stamps
 from shoal.broker.worker_link import CONTROL_SUFFIX, WorkerEntry, WorkerLink
 from shoal.errors import ErrorCode
 from shoal.messages import (
@@ -399,6 +400,8 @@ class BrokerLoop:
             return
         response = InferResponse(key[1], runtime.version, message.outputs, message.parameters,
                                  message.error, message.lease, message.final, message.empty)
+        if message.final and pending.trace is not None:
+            response = with_stamps(response, pending)
         self.answer(pending.frontend, response)
         if not pending.responded:
             pending.responded = True
@@ -426,6 +429,8 @@ class BrokerLoop:
             return
         runtime.stats.record_failure(int((now - pending.arrival) * 1e9), reason)
         response = InferResponse(key[1], error=error)
+        if pending.trace is not None:
+            response = with_stamps(response, pending)
         if runtime.orderer is not None and pending.dispatched:
             self.deliver(runtime, key, pending.frontend, response)
         else:

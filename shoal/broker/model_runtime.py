@@ -8,6 +8,7 @@ its request keys.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +23,7 @@ from shoal.broker.schedulers.ordering import ResponseOrderer
 from shoal.broker.schedulers.sequence.scheduling import SequenceScheduling
 from shoal.broker.state_store import store_factory
 from shoal.broker.stats import ModelVersionStats
+from shoal.broker.trace_stamps import COMPUTE_START, queued_stamps
 from shoal.errors import invalid_arg, unsupported
 from shoal.messages import (
     InferRequest,
@@ -53,6 +55,7 @@ class PendingRequest:
     exec_id: int = 0        # the id the worker knows it by (unique across frontends)
     worker: str = ""        # identity of the worker running it
     responded: bool = False  # a decoupled request's first response went out
+    trace: list[int] | None = None  # a traced request's stamps (broker/trace_stamps.py)
 
 
 @dataclass
@@ -151,7 +154,9 @@ class ModelVersionRuntime:
 
     def queued(self, key: RequestKey, frontend: bytes, request: InferRequest,
                now: float) -> QueuedRequest:
-        self.requests[key] = PendingRequest(frontend, request, now)
+        pending = self.requests[key] = PendingRequest(frontend, request, now)
+        if request.trace:
+            pending.trace = queued_stamps()
         return QueuedRequest(key=key, batch_size=request.batch_size, arrival=now,
                              priority=request.priority, timeout_us=request.timeout_us,
                              shape_signature=self.shape_signature(request))
@@ -172,9 +177,13 @@ class ModelVersionRuntime:
         execution id ``first_exec_id + i`` (the worker's request id) and its queue time is
         recorded. Returns the Batch's requests, in ``keys`` order."""
         requests: list[WorkerRequest] = []
+        dispatch_ns = 0
         for exec_id, key in enumerate(keys, first_exec_id):
             pending = self.requests[key]
             pending.dispatched, pending.worker, pending.exec_id = now, worker, exec_id
+            if pending.trace is not None:
+                dispatch_ns = dispatch_ns or time.monotonic_ns()
+                pending.trace[COMPUTE_START] = dispatch_ns
             self.by_exec[exec_id] = key
             r = pending.request
             requests.append(WorkerRequest(

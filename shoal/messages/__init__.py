@@ -49,6 +49,7 @@ from shoal.messages.frontend import (
     StatsReply,
     StatsRequest,
     TensorSpec,
+    TraceStamps,
     UnloadModel,
 )
 from shoal.messages.tensors import (
@@ -217,6 +218,7 @@ __all__ = [
     "StreamResponse",
     "TensorRef",
     "TensorSpec",
+    "TraceStamps",
     "UnknownMessage",
     "UnloadModel",
     "WorkerLoadFailed",

@@ -29,6 +29,21 @@ class InferRequest(msgspec.Struct, frozen=True, array_like=True, omit_defaults=T
     timeout_us: int = 0
     correlation_id: int | str = 0
     flags: int = 0
+    trace: bool = False  # sampled for tracing: the broker stamps it (InferResponse.trace)
+
+
+class TraceStamps(msgspec.Struct, frozen=True, array_like=True):
+    """broker -> frontend, in the terminal answer of a traced request: Triton's trace
+    timestamps taken past the frontend, in ns of CLOCK_MONOTONIC (``time.monotonic_ns``, one
+    clock for every process); 0 = not reached. ``queue_start``: the broker queued it;
+    ``compute_start``: the broker handed its batch to a worker; the rest are the worker's
+    phases of that batch (inputs ready, model returned, outputs written)."""
+
+    queue_start: int = 0
+    compute_start: int = 0
+    compute_input_end: int = 0
+    compute_output_start: int = 0
+    compute_end: int = 0
 
 
 class InferResponse(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
@@ -46,6 +61,7 @@ class InferResponse(msgspec.Struct, frozen=True, array_like=True, omit_defaults=
     lease: Lease | None = None
     final: bool = True
     empty: bool = False
+    trace: TraceStamps | None = None  # a traced request's terminal answer (InferRequest.trace)
 
 
 class InferRequestBatch(msgspec.Struct, frozen=True, array_like=True):

@@ -88,11 +88,14 @@ class Result(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
 
 
 class BatchTimings(msgspec.Struct, frozen=True, array_like=True):
-    """Worker-side durations of one execution, in ns (Triton's compute_input/infer/output)."""
+    """Worker-side durations of one execution, in ns (Triton's compute_input/infer/output).
+    ``start_ns``: when the worker began it, on CLOCK_MONOTONIC (``time.monotonic_ns``, the
+    clock of every process): the phases' absolute times for traced requests."""
 
     compute_input_ns: int
     compute_infer_ns: int
     compute_output_ns: int
+    start_ns: int = 0
 
 
 class BatchResult(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):

@@ -198,10 +198,11 @@ class WorkerProc:
 
     def execute(self, batch: Batch) -> BatchResult:
         assert self.backend is not None
-        t0 = time.perf_counter_ns()
+        # CLOCK_MONOTONIC, the clock of every process: t0 also stamps traced requests
+        t0 = time.monotonic_ns()
         requests, errors = (self._sequence_requests(batch) if batch.rows
                             else self._batch_requests(batch))
-        t1 = time.perf_counter_ns()
+        t1 = time.monotonic_ns()
         try:
             responses = list(self.backend.execute(requests)) if requests else []
             if len(responses) != len(requests):
@@ -211,8 +212,8 @@ class WorkerProc:
             logger.exception("model %s instance %s failed to execute a batch",
                              self.spec.model_name, self.spec.instance_name)
             responses = [error_of(exc)] * len(requests)
-        t2 = time.perf_counter_ns()
-        timings = BatchTimings(t1 - t0, t2 - t1, 0)
+        t2 = time.monotonic_ns()
+        timings = BatchTimings(t1 - t0, t2 - t1, 0, t0)
         if batch.rows:  # drop the answers of not-ready rows (negative ids)
             kept = [(r, a) for r, a in zip(requests, responses, strict=True) if r.request_id >= 0]
             requests, responses = [r for r, _ in kept], [a for _, a in kept]
@@ -238,10 +239,10 @@ class WorkerProc:
         if states:
             results = [msgspec.structs.replace(r, states=states[r.request_id])
                        if r.error is None and r.request_id in states else r for r in results]
-        t3 = time.perf_counter_ns()
+        t3 = time.monotonic_ns()
         self.cancelled.difference_update(r.request_id for r in batch.requests)
         return BatchResult(batch.batch_id, results,
-                           BatchTimings(t1 - t0, t2 - t1, t3 - t2), lease)
+                           BatchTimings(t1 - t0, t2 - t1, t3 - t2, t0), lease)
 
     def _write_states(self, batch: Batch, answers: dict[int, BackendResponse | Error | None]
                       ) -> dict[int, list[WrittenState]]:
