@@ -2,15 +2,15 @@
 
 Stops on STOP_SIGNAL (SIGUSR1) from the supervisor.
 Tells the supervisor through the status pipe once the initial load is done:
-``ready\\n`` or ``failed <message>\\n`` (then exits 1 when --exit-on-error).
+``ready\\n`` or ``failed <message>\\n`` (then exits 1 when --exit-on-error), and writes a
+heartbeat from its main loop twice a second (``supervision.StatusWriter``): the supervisor pings
+systemd's watchdog only while it keeps coming.
 """
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import logging
-import os
 import signal
 import sys
 import time
@@ -19,6 +19,7 @@ from types import FrameType
 from shoal.broker.loop import BrokerLoop
 from shoal.broker.models import ModelManager
 from shoal.settings import Settings
+from shoal.supervision import StatusWriter
 from shoal.workers.lifecycle import (
     STOP_SIGNAL,
     die_with_parent,
@@ -30,13 +31,6 @@ from shoal.workers.lifecycle import (
 logger = logging.getLogger(__name__)
 
 
-def _report(status_fd: int, line: str) -> None:
-    if status_fd < 0:
-        return
-    with contextlib.suppress(OSError):
-        os.write(status_fd, (line.replace("\n", " ") + "\n").encode())
-
-
 def run_broker(settings: Settings, status_fd: int) -> int:
     stop_requested = False
 
@@ -46,6 +40,7 @@ def run_broker(settings: Settings, status_fd: int) -> int:
 
     ignore_group_signals()
     signal.signal(STOP_SIGNAL, on_term)
+    status = StatusWriter(status_fd)
     models = ModelManager(settings)
     loop = BrokerLoop(settings, models)
     loop.start_all(time.monotonic())
@@ -56,19 +51,26 @@ def run_broker(settings: Settings, status_fd: int) -> int:
     try:
         while not stop_requested:
             loop.poll_once()
+            status.heartbeat(time.monotonic(), lambda: _model_counts(models))
             if not reported and loop.initial_load_done():
                 reported = True
                 failures = models.load_failures()
                 if failures and settings.exit_on_error:
-                    _report(status_fd, "failed " + "; ".join(failures))
+                    status.report("failed " + "; ".join(failures))
                     exit_code = 1
                     break
-                _report(status_fd, "ready" if not failures else
-                        "ready-with-errors " + "; ".join(failures))
+                status.report("ready" if not failures else
+                              "ready-with-errors " + "; ".join(failures))
         shutdown(loop, settings.exit_timeout_secs)
     finally:
         loop.close()
     return exit_code
+
+
+def _model_counts(models: ModelManager) -> tuple[int, int]:
+    """(models serving, models that failed to load) for the heartbeat's systemd STATUS."""
+    serving = sum(1 for record in models.records.values() if record.serving is not None)
+    return serving, len(models.load_failures())
 
 
 def shutdown(loop: BrokerLoop, timeout_s: float) -> None:

@@ -1,5 +1,6 @@
 """The supervisor: ``shoal serve``. Starts the broker and the frontends, forwards signals, tells
-systemd READY/WATCHDOG/STOPPING, restarts a frontend that dies (``restarts.py``), and exits
+systemd READY/STATUS/WATCHDOG/STOPPING (``sd_notify.py``; WATCHDOG only while the broker's
+loop heartbeats), restarts a frontend that dies (``restarts.py``), and exits
 non-zero when a child it cannot replace dies: the broker (systemd, or whoever runs ``shoal serve``,
 restarts the whole server), or a frontend that keeps dying at once.
 
@@ -26,6 +27,7 @@ import msgspec
 
 from shoal.frontend.ports import taken_ports
 from shoal.frontend.restarts import MAX_QUICK_DEATHS, QUICK_DEATH_S, RestartTracker
+from shoal.sd_notify import ServiceNotifications, SystemdNotifier
 from shoal.settings import Settings
 from shoal.shm.preflight import ShmTooSmall, check_shm_capacity
 from shoal.shm.sweep import (
@@ -34,7 +36,7 @@ from shoal.shm.sweep import (
     remove_segments_with_prefix,
     sweep_stale_segments,
 )
-from shoal.supervision import StatusPipe, notify_systemd, sweep_runtime_dirs
+from shoal.supervision import StatusPipe, parse_heartbeat, sweep_runtime_dirs
 from shoal.workers.lifecycle import STOP_SIGNAL, leave_instance, setup_logging
 
 logger = logging.getLogger("shoal.supervisor")
@@ -54,8 +56,9 @@ class FrontendSlot:
 
 
 class Supervisor:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, notifier: SystemdNotifier | None = None) -> None:
         self.settings = settings
+        self.systemd = ServiceNotifications(notifier or SystemdNotifier(None))
         self.stop_signal: int | None = None
         self.broker: subprocess.Popen[bytes] | None = None
         self.frontends: list[FrontendSlot] = []
@@ -80,17 +83,10 @@ class Supervisor:
     def run(self) -> int:
         self.start_children()
         assert self.broker is not None
-        last_watchdog = 0.0
+        self.systemd.starting()
         while self.stop_signal is None:
             time.sleep(_TICK_S)
-            line = self.status.read_line()
-            if line is not None and line.startswith("ready"):
-                if line != "ready":
-                    logger.error("some models failed to load: %s", line.partition(" ")[2])
-                logger.info("shoal is serving on port %d", self.settings.http_port)
-                notify_systemd("READY=1")
-            elif line is not None and line.startswith("failed"):
-                logger.error("failed to load all models: %s", line.partition(" ")[2])
+            if not self.read_status(time.monotonic()):
                 self.stop(graceful=False)
                 return 1
             if self.broker.poll() is not None:
@@ -102,13 +98,26 @@ class Supervisor:
             if not self.watch_frontends(time.monotonic()):
                 self.stop(graceful=False)
                 return 1
-            now = time.monotonic()
-            if now - last_watchdog > 1.0:
-                notify_systemd("WATCHDOG=1")
-                last_watchdog = now
+            self.systemd.tick(time.monotonic())
         logger.info("received %s; shutting down", signal.Signals(self.stop_signal).name)
-        notify_systemd("STOPPING=1")
+        self.systemd.stopping()
         return self.stop(graceful=True)
+
+    def read_status(self, now: float) -> bool:
+        """Every line the broker wrote since the last pass; False: the initial load failed
+        (with --exit-on-error) and the server must stop."""
+        for line in self.status.read_lines():
+            if (counts := parse_heartbeat(line)) is not None:
+                self.systemd.on_heartbeat(now, *counts)
+            elif line.startswith("ready"):
+                if line != "ready":
+                    logger.error("some models failed to load: %s", line.partition(" ")[2])
+                logger.info("shoal is serving on port %d", self.settings.http_port)
+                self.systemd.on_ready()
+            elif line.startswith("failed"):
+                logger.error("failed to load all models: %s", line.partition(" ")[2])
+                return False
+        return True
 
     def watch_frontends(self, now: float) -> bool:
         """Restart frontends that died (after their back-off); False: one keeps dying, give
@@ -173,6 +182,7 @@ def _exit_reason(code: int | None) -> str:
 
 def run_supervisor(settings: Settings) -> int:
     setup_logging(settings.log_verbose, "shoal")
+    notifier = SystemdNotifier.from_environment()  # and out of the children's environment
     removed = sweep_stale_segments()
     if removed:
         logger.info("removed %d shared-memory segments left by dead servers", len(removed))
@@ -192,7 +202,7 @@ def run_supervisor(settings: Settings) -> int:
     runtime_dir = os.path.join(tempfile.gettempdir(), f"shoal-{instance_id}")
     os.makedirs(runtime_dir, mode=0o700)
     settings = msgspec.structs.replace(settings, instance_id=instance_id, runtime_dir=runtime_dir)
-    supervisor = Supervisor(settings)
+    supervisor = Supervisor(settings, notifier)
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         supervisor.stop_signal = signum
@@ -203,6 +213,7 @@ def run_supervisor(settings: Settings) -> int:
         return supervisor.run()
     finally:
         supervisor.status.close()
+        notifier.close()
         # the last one out removes the instance's files; children stopped (or were killed)
         # above, so only a worker of a killed broker may still be on its way out
         if not leave_instance(lock, settings, wait_s=_LEAVE_WAIT_S):

@@ -216,6 +216,8 @@ def _sweep_instance(instance_id: str, files: list[str], shm_dir: str) -> list[st
         fd: int | None = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
         fd = None
+    except PermissionError:  # another user's server (e.g. beside a systemd service's user):
+        return []            # its files are not ours to probe or remove
     try:
         if fd is not None:
             try:
