@@ -6,9 +6,10 @@ within the grace period.
 
 A private mount namespace (`unshare -m`, needs root) confines the mounts to the test. The only
 differences from the pod: the model repository is the one the Containerfile copies, at its path
-in this checkout; the ports are free ones on 127.0.0.1; and if this interpreter sits under a
-directory the Deployment's uid cannot enter (pyenv under /root), that one directory is replaced
-in the namespace by a tmpfs that holds only the interpreter's tree."""
+in this checkout (run with this checkout's shoal, read-only too; a checkout under /tmp stays
+visible below the new /tmp); the ports are free ones on 127.0.0.1; and if this interpreter sits
+under a directory the Deployment's uid cannot enter (pyenv under /root), that one directory is
+replaced in the namespace by a tmpfs that holds only the interpreter's tree."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
+import shoal
 from tests.deploy.containerfile import image_model_repository
 from tests.deploy.manifests import ROOT, Manifest, one, quantity_bytes, shoal_container
 from tests.e2e.server import free_port
@@ -38,6 +40,7 @@ from tests.e2e.server import free_port
 pytestmark = pytest.mark.e2e
 
 START_TIMEOUT_S = 180.0  # four models on a busy 2-core machine
+SHOAL_SOURCE = pathlib.Path(shoal.__file__).resolve().parents[1]  # the dir that holds shoal/
 
 
 def _unshare_works() -> bool:
@@ -97,6 +100,13 @@ def _reach_interpreter(scratch: str) -> list[str]:
             f"mount --move {keep} {shlex.quote(str(child))}", f"rmdir {keep}"]
 
 
+def _hidden_by(mounts: dict[str, int], paths: list[pathlib.Path]) -> list[pathlib.Path]:
+    """The outermost of ``paths`` that lie below a mount path (and would be hidden by it)."""
+    hidden = {p.resolve() for p in paths
+              if any(p.resolve().is_relative_to(m) for m in mounts)}
+    return sorted(p for p in hidden if not any(p != q and p.is_relative_to(q) for q in hidden))
+
+
 def _replace(args: list[str], values: dict[str, str]) -> list[str]:
     """``args`` with ``--flag=value`` replaced for each flag in ``values`` (each must occur)."""
     out, seen = [], set()
@@ -132,21 +142,35 @@ class PodLikeServer:
         self.log_path = ""
 
     def script(self) -> str:
-        scratch = "/dev/shm" if "/dev/shm" in self.mounts else sorted(self.mounts)[0]
-        lines = ["set -e", "mount --make-rprivate /"]
-        for path, size in self.mounts.items():
-            assert os.path.isdir(path), f"{path} is not a directory on this machine"
-            lines.append(f"mount -t tmpfs -o size={size},mode=1777 tmpfs {shlex.quote(path)}")
+        """The shell that builds the pod's filesystem view in the new mount namespace, then
+        becomes shoal. /dev/shm gets its tmpfs first and serves as scratch space."""
+        assert "/dev/shm" in self.mounts and all(os.path.isdir(p) for p in self.mounts)
+        scratch = "/dev/shm"
+        tmpfs = [f"mount -t tmpfs -o size={size},mode=1777 tmpfs {shlex.quote(path)}"
+                 for path, size in sorted(self.mounts.items(), key=lambda m: m[0] != scratch)]
+        kept = _hidden_by(self.mounts, [ROOT, pathlib.Path(sys.prefix), SHOAL_SOURCE])
+        lines = ["set -e", "mount --make-rprivate /", tmpfs[0]]
+        # a checkout (or virtualenv) under a path that gets a tmpfs, e.g. a clone in /tmp,
+        # stays visible: bound aside first, moved back into the fresh tmpfs after
+        for n, path in enumerate(kept):
+            lines += [f"mkdir {scratch}/.keep-{n}",
+                      f"mount --bind {shlex.quote(str(path))} {scratch}/.keep-{n}"]
+        lines += tmpfs[1:]
+        for n, path in enumerate(kept):
+            lines += [f"mkdir -p {shlex.quote(str(path))}",
+                      f"mount --move {scratch}/.keep-{n} {shlex.quote(str(path))}",
+                      f"rmdir {scratch}/.keep-{n}"]
         lines += _reach_interpreter(scratch)
         lines += [f"mount -o remount,bind,ro {shlex.quote(point)}"
-                  for point in _other_mounts(set(self.mounts))]
+                  for point in [*_other_mounts(set(self.mounts)), *map(str, kept)]]
         command = ["setpriv", f"--reuid={self.uid}", f"--regid={self.gid}", "--clear-groups",
                    sys.executable, "-m", "shoal", *self.args]
         lines += ["cd /", "exec " + shlex.join(command)]
         return "\n".join(lines)
 
     def start(self) -> None:
-        environment = {"PATH": "/usr/bin:/bin"}
+        # PYTHONPATH: the shoal of this checkout, whatever the virtualenv has installed
+        environment = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(SHOAL_SOURCE)}
         environment.update({e["name"]: e["value"] for e in self.container["env"]})
         with tempfile.NamedTemporaryFile(prefix="shoal-pod-", suffix=".log",
                                          delete=False) as log:
