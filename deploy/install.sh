@@ -37,7 +37,7 @@ for arg in "$@"; do
     --dry-run) dry_run=1 ;;
     --no-venv) venv=0 ;;
     --no-start) start=0 ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) echo "install.sh: unknown argument '$arg' (see --help)" >&2; exit 2 ;;
   esac
 done
