@@ -122,10 +122,23 @@ def plain(repo: pathlib.Path) -> Iterator[ShoalServer]:
         yield srv
 
 
+_CONNECTIONS: dict[str, httpx.Client] = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_connections() -> Iterator[None]:
+    yield
+    for connection in _CONNECTIONS.values():
+        connection.close()
+    _CONNECTIONS.clear()
+
+
 def send(server: ShoalServer, method: str, path: str,
          headers: dict[str, str] | None = None) -> httpx.Response:
+    """One request on a kept-alive connection to ``server`` (``path`` sent as written)."""
+    connection = _CONNECTIONS.setdefault(server.base, httpx.Client(timeout=10))
     body = ADD_SUB_INFER if path.endswith("/infer") and method == "POST" else None
-    return httpx.request(method, server.base + path, content=body, headers=headers, timeout=10)
+    return connection.request(method, server.base + path, content=body, headers=headers)
 
 
 def is_refusal(response: httpx.Response, category: ApiCategory, method: str) -> bool:
