@@ -7,6 +7,7 @@ import argparse
 import sys
 
 from shoal.frontend.restricted import RestrictionError, parse_restrictions
+from shoal.ops.top_args import add_top_arguments
 from shoal.settings import ModelControlMode, Settings
 
 GRPC_INT_MAX = 2**31 - 1  # grpc channel arguments are C ints
@@ -154,6 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="size of each shared-memory segment of a process's arena")
     serve.add_argument("--shm-arena-byte-size", type=int, default=1024 * 1024 * 1024,
                        help="most shared memory one process's arena may use")
+    top = sub.add_parser("top", help="live view of a running server (its ops dashboard)")
+    add_top_arguments(top)
     return parser
 
 
@@ -207,6 +210,10 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if args.command == "top":
+        from shoal.ops.top import run_top
+
+        return run_top(args)
     if args.load_model and args.model_control_mode != ModelControlMode.EXPLICIT.value:
         parser.error("--load-model needs --model-control-mode=explicit")
     if "*" in args.load_model and len(args.load_model) > 1:

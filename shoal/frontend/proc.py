@@ -34,6 +34,8 @@ from shoal.frontend.limits import (
 from shoal.frontend.metrics import create_metrics_app
 from shoal.frontend.ports import port_free, port_in_use_message
 from shoal.frontend.restricted import RestrictedApis
+from shoal.ops.dashboard import dashboard_routes
+from shoal.ops.sampler import Sampler
 from shoal.settings import Settings
 from shoal.workers.lifecycle import (
     STOP_SIGNAL,
@@ -121,8 +123,11 @@ async def serve_frontend(settings: Settings, index: int = 0) -> None:
                        settings.http_port, settings.log_verbose,
                        _http_limits(settings, budget.http_connections, budget.over_cap))]
     listening = [("HTTP", settings.http_port, True)]
+    sampler: Sampler | None = None  # the one ops sampler: frontend 0, beside /metrics
     if settings.allow_metrics and index == 0:
-        metrics_app = restrict_metrics_app(create_metrics_app(dataplane),
+        sampler = Sampler(dataplane, settings.instance_id)
+        metrics_app = restrict_metrics_app(create_metrics_app(dataplane,
+                                                              dashboard_routes(sampler)),
                                            RestrictedApis(settings.http_restricted_apis))
         servers.append(_server(metrics_app, settings.http_address,
                                settings.metrics_port, settings.log_verbose,
@@ -168,9 +173,13 @@ async def serve_frontend(settings: Settings, index: int = 0) -> None:
     try:
         grpc_server = await _start_grpc(dataplane, settings, log_settings,
                                         budget.grpc_connections)
+        if sampler is not None:
+            sampler.start()
         await asyncio.gather(*(s.serve(sockets=[sock]) for s, sock in zip(servers, http_sockets,
                                                                            strict=True)))
     finally:
+        if sampler is not None:
+            await sampler.stop()
         if grpc_server is not None:
             await grpc_server.stop(GRPC_STOP_GRACE_S)
         await dataplane.close()
