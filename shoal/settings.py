@@ -44,6 +44,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # a worker whose heartbeat (a thread, independent of execute) is silent this long is killed
     worker_heartbeat_timeout_secs: float = 5.0
     log_verbose: int = 0
+    # --trace-config as given, (mode or "", setting, value); checked by the CLI, parsed by each
+    # frontend (shoal/trace/config.py)
+    trace_config: list[tuple[str, str, str]] = []
     backend_directory: str = ""
     # (backend, key, value); backend "" is the global form (e.g. default-max-batch-size=4)
     backend_config: list[tuple[str, str, str]] = []

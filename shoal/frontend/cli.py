@@ -9,6 +9,7 @@ import sys
 from shoal.frontend.restricted import RestrictionError, parse_restrictions
 from shoal.ops.top_args import add_top_arguments
 from shoal.settings import ModelControlMode, Settings
+from shoal.trace.config import parse_trace_config, trace_config_arg
 
 GRPC_INT_MAX = 2**31 - 1  # grpc channel arguments are C ints
 
@@ -105,6 +106,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--worker-heartbeat-timeout-secs", type=float, default=5.0,
                        help="a worker silent this long (stopped, wedged) is killed and replaced")
     serve.add_argument("--log-verbose", type=int, default=0)
+    serve.add_argument("--trace-config", type=trace_config_arg, action="append", default=[],
+                       metavar="[MODE,]SETTING=VALUE",
+                       help="request tracing, as tritonserver: level=TIMESTAMPS|TENSORS|OFF, "
+                       "rate=N (1000), count=N (-1), mode=triton|opentelemetry, "
+                       "triton,file=PATH, triton,log-frequency=N (0), opentelemetry,url=URL, "
+                       "opentelemetry,resource=KEY=VALUE (repeatable)")
     serve.add_argument("--backend-directory", default="",
                        help="directory searched for out-of-tree backends")
     serve.add_argument("--backend-config", type=parse_backend_config, action="append",
@@ -172,6 +179,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         model_load_device_margin_bytes=args.model_load_device_margin_bytes,
         strict_readiness=args.strict_readiness, exit_on_error=args.exit_on_error,
         exit_timeout_secs=args.exit_timeout_secs, log_verbose=args.log_verbose,
+        trace_config=list(args.trace_config),
         execution_timeout_secs=args.model_execution_timeout_secs,
         worker_heartbeat_timeout_secs=args.worker_heartbeat_timeout_secs,
         backend_directory=args.backend_directory, backend_config=list(args.backend_config),
@@ -243,6 +251,10 @@ def main(argv: list[str] | None = None) -> int:
                  "--grpc-max-concurrent-streams"):
         if getattr(args, flag[2:].replace("-", "_")) > GRPC_INT_MAX:
             parser.error(f"{flag} must be at most {GRPC_INT_MAX} (a grpc channel argument)")
+    try:
+        parse_trace_config(args.trace_config)
+    except ValueError as exc:
+        parser.error(str(exc))
     try:
         settings = settings_from_args(args)
     except RestrictionError as exc:

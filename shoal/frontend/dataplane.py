@@ -24,6 +24,7 @@ from shoal.shm.arena import Slot
 
 if TYPE_CHECKING:
     from shoal.frontend.shm_registry import SharedMemoryRegistry
+    from shoal.trace.record import RequestTrace
 
 
 @dataclass
@@ -68,21 +69,24 @@ class DataPlane(Protocol):
 
     def free(self, slot: Slot) -> None: ...
 
-    async def infer(self, request: InferRequest, slots: list[Slot]) -> InferOutcome:
+    async def infer(self, request: InferRequest, slots: list[Slot],
+                    trace: RequestTrace | None = None) -> InferOutcome:
         """Send to the broker and wait for the terminal answer. Frees ``slots`` when the answer
         arrives (or on error). Raises ShoalError for an error answer. Cancelling the awaiting
         task cancels the request (dropped if still queued; ``is_cancelled()`` inside the model
         if running). Client shared-memory regions the request uses (``shared_memory``) stay
-        registered-and-mapped until the answer arrives."""
+        registered-and-mapped until the answer arrives. A traced request's ``trace`` gets the
+        answer's stamps and REQUEST_END the moment the answer arrives."""
         ...
 
-    def infer_stream(self, request: InferRequest, slots: list[Slot]
-                     ) -> AsyncIterator[InferOutcome]:
+    def infer_stream(self, request: InferRequest, slots: list[Slot],
+                     trace: RequestTrace | None = None) -> AsyncIterator[InferOutcome]:
         """For decoupled models: yields every answer as the broker forwards it, in order; the
         last has ``outcome.response.final`` True (it may be ``empty``: no outputs, only the
         end). An error answer is yielded (``response.error`` set), not raised, so a stream can
         carry errors in-band. Each yielded outcome must be released. Closing the iterator or
-        cancelling the consuming task before the final answer cancels the request."""
+        cancelling the consuming task before the final answer cancels the request. A traced
+        request's ``trace`` gets the stamps and REQUEST_END with the final answer."""
         ...
 
     @property

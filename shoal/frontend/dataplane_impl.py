@@ -43,6 +43,7 @@ from shoal.shm.regions import RegionCache
 
 if TYPE_CHECKING:
     from shoal.frontend.shm_registry import SharedMemoryRegistry
+    from shoal.trace.record import RequestTrace
 
 logger = logging.getLogger(__name__)
 
@@ -189,10 +190,13 @@ class FrontendDataPlane:
     def free(self, slot: Slot) -> None:
         self.arena.free(slot)
 
-    async def infer(self, request: InferRequest, slots: list[Slot]) -> InferOutcome:
+    async def infer(self, request: InferRequest, slots: list[Slot],
+                    trace: RequestTrace | None = None) -> InferOutcome:
         info = self._admit(request, slots)
         future = self.client.submit(request)
         future.add_done_callback(lambda f: self._end_request(request.request_id, slots))
+        if trace is not None:
+            future.add_done_callback(trace.answered_future)
         try:
             response = await asyncio.shield(future)
         except asyncio.CancelledError:
@@ -224,8 +228,8 @@ class FrontendDataPlane:
             self._shared_memory.release_request(request_id)
         self._check_drained()
 
-    async def infer_stream(self, request: InferRequest, slots: list[Slot]
-                           ) -> AsyncIterator[InferOutcome]:
+    async def infer_stream(self, request: InferRequest, slots: list[Slot],
+                           trace: RequestTrace | None = None) -> AsyncIterator[InferOutcome]:
         info = self._admit(request, slots)
         queue = self.client.submit_stream(
             request, lambda: self._end_request(request.request_id, slots))
@@ -234,6 +238,8 @@ class FrontendDataPlane:
             while not finished:
                 response = await queue.get()
                 finished = response.final
+                if finished and trace is not None:
+                    trace.answered(response)
                 yield InferOutcome(response, info)
         finally:
             if not finished:  # consumer left early: stop the model, drop what still comes

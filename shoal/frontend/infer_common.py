@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from shoal.frontend.http.codec import DecodedInput, DecodedRequest
     from shoal.frontend.http.validation import InferPlan
     from shoal.shm.arena import Slot
+    from shoal.trace.record import RequestTrace
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,11 +40,13 @@ def prepare_request(
     decoded: DecodedRequest,
     plan: InferPlan,
     model: ModelVersionInfo,
+    trace: RequestTrace | None = None,
 ) -> PreparedRequest:
     """Place the inputs (one arena slot each, or a reference into a client region for an input
     with ``shm``) and build the InferRequest (outputs with ``shm`` get the region as target).
     Raises ShoalError (arena full: UNAVAILABLE; bad region reference: from the registry) after
-    undoing everything it did."""
+    undoing everything it did. A ``trace`` marks the request traced and is stamped
+    REQUEST_START (the request is ready to leave)."""
     request_id = dataplane.next_request_id()
     uses_shm = any(t.shm is not None for t in decoded.inputs) or any(
         o.shm is not None for o in plan.outputs)
@@ -70,7 +73,10 @@ def prepare_request(
         timeout_us=decoded.timeout_us,
         correlation_id=decoded.correlation_id,
         flags=decoded.flags,
+        trace=trace is not None,
     )
+    if trace is not None:
+        trace.request_started(model.version, decoded.client_id, decoded.inputs)
     return PreparedRequest(request, slots)
 
 

@@ -37,6 +37,8 @@ from shoal.frontend.restricted import RestrictedApis
 from shoal.ops.dashboard import dashboard_routes
 from shoal.ops.sampler import Sampler
 from shoal.settings import Settings
+from shoal.trace.config import TraceConfig
+from shoal.trace.sampling import Tracer
 from shoal.workers.lifecycle import (
     STOP_SIGNAL,
     die_with_parent,
@@ -95,14 +97,15 @@ def _http_limits(settings: Settings, max_connections: int, over_cap: int) -> Htt
 
 
 async def _start_grpc(dataplane: FrontendDataPlane, settings: Settings,
-                      log_settings: ProcessLogSettings, max_connections: int) -> Any:
+                      log_settings: ProcessLogSettings, max_connections: int,
+                      tracer: Tracer) -> Any:
     """The gRPC server, started (None with --allow-grpc=false)."""
     if not settings.allow_grpc:
         return None
     from shoal.frontend.grpc.server import create_grpc_server
 
     try:
-        server = create_grpc_server(dataplane, settings, log_settings, max_connections)
+        server = create_grpc_server(dataplane, settings, log_settings, max_connections, tracer)
     except SystemExit:
         if port_free(settings.grpc_address, settings.grpc_port):
             raise
@@ -119,7 +122,10 @@ async def serve_frontend(settings: Settings, index: int = 0) -> None:
     dataplane = FrontendDataPlane(settings, index)
     await dataplane.start()
     log_settings = ProcessLogSettings(LogSettings(log_verbose_level=max(settings.log_verbose, 0)))
-    servers = [_server(create_asgi_app(dataplane, settings, log_settings), settings.http_address,
+    # the process's trace settings and sampling, shared by HTTP and gRPC
+    tracer = Tracer(TraceConfig.from_triples(settings.trace_config), index, settings.http_workers)
+    servers = [_server(create_asgi_app(dataplane, settings, log_settings, tracer),
+                       settings.http_address,
                        settings.http_port, settings.log_verbose,
                        _http_limits(settings, budget.http_connections, budget.over_cap))]
     listening = [("HTTP", settings.http_port, True)]
@@ -172,7 +178,7 @@ async def serve_frontend(settings: Settings, index: int = 0) -> None:
     loop.add_signal_handler(STOP_SIGNAL, on_stop_signal)
     try:
         grpc_server = await _start_grpc(dataplane, settings, log_settings,
-                                        budget.grpc_connections)
+                                        budget.grpc_connections, tracer)
         if sampler is not None:
             sampler.start()
         await asyncio.gather(*(s.serve(sockets=[sock]) for s, sock in zip(servers, http_sockets,
@@ -182,6 +188,7 @@ async def serve_frontend(settings: Settings, index: int = 0) -> None:
             await sampler.stop()
         if grpc_server is not None:
             await grpc_server.stop(GRPC_STOP_GRACE_S)
+        tracer.close()  # after the drain: the last traces are written, the file finished
         await dataplane.close()
     if any(not s.started for s in servers):
         raise SystemExit(f"could not listen on port {settings.http_port} or "

@@ -16,6 +16,12 @@ Cancellation: grpc.aio cancels the handler when the client cancels or the deadli
 unary handler's await of ``DataPlane.infer`` is then cancelled, and a stream cancels every task it
 started (each awaiting ``infer`` or iterating ``infer_stream``), which cancels the requests at the
 broker.
+
+Tracing: each request (unary, or each message of a stream) is sampled with its model name. A
+traced one is stamped GRPC_WAITREAD_START and GRPC_WAITREAD_END together when grpc.aio hands it
+over (the wait for it is not visible here), GRPC_SEND_START / GRPC_SEND_END around its answer's
+send (unary: from the handler's return to the call's end; a decoupled model: its final answer),
+and goes to the tracer when its call (unary) or its task (stream) is over.
 """
 
 from __future__ import annotations
@@ -35,11 +41,20 @@ from shoal.frontend.grpc.encode import encode_infer_response, stream_error, stre
 from shoal.frontend.grpc.status import INTERNAL_ERROR_MESSAGE
 from shoal.frontend.http.validation import validate_request
 from shoal.frontend.infer_common import PreparedRequest, closing, prepare_request
+from shoal.trace.record import (
+    GRPC_SEND_END,
+    GRPC_SEND_START,
+    GRPC_WAITREAD_END,
+    GRPC_WAITREAD_START,
+    RequestTrace,
+    stamp_of,
+)
 
 if TYPE_CHECKING:
     from shoal.frontend.dataplane import DataPlane, InferOutcome
     from shoal.frontend.http.validation import InferPlan
     from shoal.messages import ModelVersionInfo
+    from shoal.trace.sampling import Tracer
 
 logger = logging.getLogger(__name__)
 
@@ -59,18 +74,40 @@ class _Call:
 
 
 class GrpcInference:
-    def __init__(self, dataplane: DataPlane) -> None:
+    def __init__(self, dataplane: DataPlane, tracer: Tracer | None = None) -> None:
         self.dataplane = dataplane
+        self.tracer = tracer
+
+    def sample(self, message: Any) -> RequestTrace | None:
+        """The request's trace if it is sampled, stamped as read."""
+        trace = self.tracer.sample(message.model_name) if self.tracer is not None else None
+        if trace is not None:
+            trace.stamp(GRPC_WAITREAD_START)
+            trace.stamp(GRPC_WAITREAD_END)
+        return trace
+
+    def finish(self, trace: RequestTrace) -> None:
+        if self.tracer is not None:
+            self.tracer.finish(trace)
 
     def resolve_model(self, message: Any) -> ModelVersionInfo:
         return self.dataplane.model(message.model_name, message.model_version or None)
 
-    def start(self, message: Any, model: ModelVersionInfo) -> _Call:
+    def start(self, message: Any, model: ModelVersionInfo,
+              trace: RequestTrace | None = None) -> _Call:
         """Decode, validate, place the inputs. Raises ShoalError, leaving nothing allocated."""
         decoded = decode_model_infer_request(message, model)
         plan = validate_request(decoded.request, model)
-        prepared = prepare_request(self.dataplane, decoded.request, plan, model)
+        prepared = prepare_request(self.dataplane, decoded.request, plan, model, trace)
         return _Call(model, decoded, plan, prepared)
+
+    async def infer(self, call: _Call, trace: RequestTrace | None) -> InferOutcome:
+        prepared = call.prepared
+        if trace is None:
+            return await self.dataplane.infer(prepared.request, prepared.slots)
+        outcome = await self.dataplane.infer(prepared.request, prepared.slots, trace=trace)
+        trace.capture_outputs(outcome.response.outputs, self.dataplane.output_view)
+        return outcome
 
     def encode(self, call: _Call, outcome: InferOutcome) -> Any:
         """The answer's ModelInferResponse; releases the answer's output memory."""
@@ -89,12 +126,22 @@ class GrpcInference:
             self.dataplane.release(response.lease)
 
     async def model_infer(self, message: Any, context: Any) -> Any:
+        trace = self.sample(message)
+        if trace is not None:
+            context.add_done_callback(lambda _: self._call_ended(trace))
         model = self.resolve_model(message)
         if model.decoupled:
             raise unsupported(DECOUPLED_UNARY_MESSAGE)
-        call = self.start(message, model)
-        outcome = await self.dataplane.infer(call.prepared.request, call.prepared.slots)
-        return self.encode(call, outcome)
+        call = self.start(message, model, trace)
+        reply = self.encode(call, await self.infer(call, trace))
+        if trace is not None:
+            trace.stamp(GRPC_SEND_START)
+        return reply
+
+    def _call_ended(self, trace: RequestTrace) -> None:
+        if stamp_of(trace, GRPC_SEND_START):
+            trace.stamp(GRPC_SEND_END)
+        self.finish(trace)
 
     async def model_stream_infer(self, requests: AsyncIterator[Any], context: Any) -> None:
         await StreamSession(self, context).run(requests)
@@ -143,23 +190,25 @@ class StreamSession:
         if model is None or not model.decoupled:
             turn = _Turn(self._last_turn, asyncio.get_running_loop().create_future())
             self._last_turn = turn.done
-        task = asyncio.create_task(self._serve(message, model, error, turn))
+        trace = self._inference.sample(message)
+        task = asyncio.create_task(self._serve(message, model, error, turn, trace))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     async def _serve(self, message: Any, model: ModelVersionInfo | None,
-                     error: ShoalError | None, turn: _Turn | None) -> None:
+                     error: ShoalError | None, turn: _Turn | None,
+                     trace: RequestTrace | None = None) -> None:
         try:
             if model is not None and model.decoupled:
-                await self._serve_decoupled(message, model)
+                await self._serve_decoupled(message, model, trace)
                 return
             if model is None:
                 assert error is not None
                 reply = self._error(message, error.message)
             else:
-                reply = await self._answer_once(message, model)
+                reply = await self._answer_once(message, model, trace)
             assert turn is not None
-            await self._write_in_turn(turn, reply)
+            await self._write_in_turn(turn, reply, trace)
         except Exception as exc:  # a bug: say so in-band, keep the stream
             logger.error("unexpected error serving a gRPC stream request", exc_info=exc)
             with contextlib.suppress(Exception):
@@ -167,26 +216,31 @@ class StreamSession:
         finally:
             if turn is not None and not turn.done.done():
                 turn.done.set_result(None)
+            if trace is not None:
+                self._inference.finish(trace)
 
-    async def _answer_once(self, message: Any, model: ModelVersionInfo) -> Any:
-        dataplane = self._inference.dataplane
+    async def _answer_once(self, message: Any, model: ModelVersionInfo,
+                           trace: RequestTrace | None = None) -> Any:
         try:
-            call = self._inference.start(message, model)
-            outcome = await dataplane.infer(call.prepared.request, call.prepared.slots)
+            call = self._inference.start(message, model, trace)
+            outcome = await self._inference.infer(call, trace)
             return stream_reply(self._inference.encode(call, outcome), final=True)
         except ShoalError as error:
             return self._error(message, error.message)
 
-    async def _serve_decoupled(self, message: Any, model: ModelVersionInfo) -> None:
+    async def _serve_decoupled(self, message: Any, model: ModelVersionInfo,
+                               trace: RequestTrace | None = None) -> None:
         try:
-            call = self._inference.start(message, model)
-            answers = self._inference.dataplane.infer_stream(call.prepared.request,
-                                                             call.prepared.slots)
+            call = self._inference.start(message, model, trace)
+            prepared = call.prepared
+            answers = (self._inference.dataplane.infer_stream(prepared.request, prepared.slots)
+                       if trace is None else self._inference.dataplane.infer_stream(
+                           prepared.request, prepared.slots, trace=trace))
             async with closing(answers):
                 async for outcome in answers:
                     reply = self._decoupled_reply(call, outcome)
                     if reply is not None:
-                        await self._write(reply)
+                        await self._write(reply, trace if outcome.response.final else None)
         except ShoalError as error:
             await self._write(self._error(message, error.message))
 
@@ -214,11 +268,18 @@ class StreamSession:
         return stream_error(text, client_id=message.id, model_name=message.model_name,
                             model_version=message.model_version)
 
-    async def _write_in_turn(self, turn: _Turn, reply: Any) -> None:
+    async def _write_in_turn(self, turn: _Turn, reply: Any,
+                             trace: RequestTrace | None = None) -> None:
         if turn.previous is not None:
             await asyncio.wait({turn.previous})  # (wait, not await: never cancel the future)
-        await self._write(reply)
+        await self._write(reply, trace)
 
-    async def _write(self, reply: Any) -> None:
+    async def _write(self, reply: Any, trace: RequestTrace | None = None) -> None:
+        """Write one message; a ``trace`` (a traced request's last answer) is stamped around
+        the write."""
         async with self._write_lock:
+            if trace is not None:
+                trace.stamp(GRPC_SEND_START)
             await self._context.write(reply)
+            if trace is not None:
+                trace.stamp(GRPC_SEND_END)

@@ -34,6 +34,7 @@ from shoal.settings import Settings
 
 if TYPE_CHECKING:
     from shoal.frontend.dataplane import DataPlane
+    from shoal.trace.sampling import Tracer
 
 MAX_MESSAGE_BYTES: Final = 2**31 - 1  # INT32_MAX, as Triton and tritonclient use
 
@@ -75,10 +76,10 @@ def grpc_bind_address(settings: Settings) -> str:
 
 def create_grpc_server(
     dataplane: DataPlane, settings: Settings, log_settings: ProcessLogSettings | None = None,
-    max_connections: int | None = None,
+    max_connections: int | None = None, tracer: Tracer | None = None,
 ) -> Any:
     """A grpc.aio server bound to the configured address (not started). ``log_settings`` are
-    the process's, shared with its HTTP endpoint; ``max_connections`` as in
+    the process's, shared with its HTTP endpoint (so is ``tracer``); ``max_connections`` as in
     ``server_options``. Raises SystemExit when the port cannot be bound."""
     if log_settings is None:
         log_settings = ProcessLogSettings(LogSettings(log_verbose_level=max(settings.log_verbose,
@@ -86,7 +87,7 @@ def create_grpc_server(
     interceptors = restricted_interceptors(RestrictedApis(settings.grpc_restricted_protocols))
     server = grpc.aio.server(options=server_options(settings, max_connections),
                              interceptors=interceptors)
-    servicer = InferenceServicer(dataplane, settings, log_settings)
+    servicer = InferenceServicer(dataplane, settings, log_settings, tracer)
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
     server.add_generic_rpc_handlers((health_handler(dataplane),))
     address = grpc_bind_address(settings)

@@ -3,9 +3,10 @@
 Documents are built by the same code as the HTTP endpoint (``http/documents.py``) and turned into
 the protobuf messages with ``json_format.ParseDict``, so both protocols report the same metadata,
 statistics and repository index. Behaviour matches the HTTP endpoint: load/unload refused unless
-``--model-control-mode=explicit``, the logging settings are the process's (shared with HTTP),
-trace is not supported (Triton's answer when tracing is not built in), shared-memory RPCs (system
-and CUDA) go to the DataPlane's registry with the HTTP endpoint's checks and texts.
+``--model-control-mode=explicit``, the logging settings are the process's (shared with HTTP), as
+the trace settings and sampling (``TraceSetting``: the HTTP trace extension's semantics, an empty
+value list clears a setting), shared-memory RPCs (system and CUDA) go to the DataPlane's
+registry with the HTTP endpoint's checks and texts.
 
 Threads: grpc.aio runs every method on the frontend's event loop.
 """
@@ -28,14 +29,17 @@ from shoal.frontend.grpc.inference import GrpcInference
 from shoal.frontend.grpc.status import INTERNAL_ERROR_MESSAGE, abort, guarded
 from shoal.frontend.http import documents
 from shoal.frontend.http.app import ModelControl, require_model_control
+from shoal.frontend.http.trace_api import check_trace_model
 from shoal.model_config import config_from_json
 from shoal.settings import Settings
+from shoal.trace.config import TraceConfig
+from shoal.trace.sampling import Tracer
+from shoal.trace.values import parse_grpc_change
 
 if TYPE_CHECKING:
     from shoal.frontend.dataplane import DataPlane
     from shoal.frontend.http.log_settings import ProcessLogSettings
 
-TRACE_UNSUPPORTED: Final = "the server does not support trace"
 SERVER_EXITING: Final = "Server exiting"
 
 logger = logging.getLogger(__name__)
@@ -46,11 +50,12 @@ class InferenceServicer:
     names are the RPC names."""
 
     def __init__(self, dataplane: DataPlane, settings: Settings,
-                 log_settings: ProcessLogSettings) -> None:
+                 log_settings: ProcessLogSettings, tracer: Tracer | None = None) -> None:
         self.dataplane = dataplane
         self.settings = settings
         self.log_settings = log_settings
-        self.inference = GrpcInference(dataplane)
+        self.tracer = tracer or Tracer(TraceConfig.from_triples(settings.trace_config))
+        self.inference = GrpcInference(dataplane, self.tracer)
         self.model_control = dataplane if isinstance(dataplane, ModelControl) else None
 
     # ---------------------------------------------------------------- health and metadata
@@ -193,7 +198,17 @@ class InferenceServicer:
 
     @guarded
     async def TraceSetting(self, request: Any, context: Any) -> Any:
-        raise unavailable(TRACE_UNSUPPORTED)
+        check_trace_model(self.dataplane, request.model_name)
+        if request.settings:
+            change = parse_grpc_change({key: list(setting.value)
+                                        for key, setting in request.settings.items()})
+            document = self.tracer.update(request.model_name, change)
+        else:
+            document = self.tracer.settings(request.model_name)
+        reply = pb.TraceSettingResponse()
+        for key, value in document.items():
+            reply.settings[key].value.extend(value if isinstance(value, list) else [value])
+        return reply
 
     @guarded
     async def LogSettings(self, request: Any, context: Any) -> Any:

@@ -39,8 +39,11 @@ from shoal.frontend.http.jsonparse import parse_json_object
 from shoal.frontend.http.log_settings import LogSettings, ProcessLogSettings
 from shoal.frontend.http.restricted import ApiRoute, gate_routes
 from shoal.frontend.http.shared_memory import SharedMemoryApi
+from shoal.frontend.http.trace_api import TraceApi
 from shoal.frontend.restricted import ApiCategory, RestrictedApis
 from shoal.settings import ModelControlMode, Settings
+from shoal.trace.config import TraceConfig
+from shoal.trace.sampling import Tracer
 
 if TYPE_CHECKING:
     from shoal.frontend.dataplane import DataPlane
@@ -288,13 +291,16 @@ def create_app(
     *,
     extra_routes: Sequence[BaseRoute] = (),
     log_settings: ProcessLogSettings | None = None,
+    tracer: Tracer | None = None,  # trace settings, sampling (default: this app's own)
 ) -> Starlette:
     """The HTTP app. ``extra_routes`` (ApiRoutes) are matched before the built-in routes;
     ``log_settings`` are shared with the process's other endpoints. Every route gets the gate of
     its category from ``--http-restricted-api`` (TypeError for a route without a category)."""
     api = HttpApi(dataplane, settings, log_settings)
     infer = guarded(InferHandler(dataplane, settings.http_max_input_size))
-    routes = [*extra_routes, *_routes(api, infer)]
+    tracer = tracer or Tracer(TraceConfig.from_triples(settings.trace_config))
+    routes = [*extra_routes, *_routes(api, infer),
+              *TraceApi(dataplane, tracer, settings.http_max_input_size).routes(guarded)]
     gate_routes(routes, RestrictedApis(settings.http_restricted_apis))
     app = Starlette(
         routes=routes,
@@ -303,16 +309,19 @@ def create_app(
     app.router.redirect_slashes = False  # Triton: "/v2/" is not "/v2"
     app.state.api = api
     app.state.infer = infer
+    app.state.tracer = tracer
     app.state.infer_route = next(r for r in routes
                                  if isinstance(r, ApiRoute) and r.path == INFER_ROUTE)
     return app
 
 
 def create_asgi_app(dataplane: DataPlane, settings: Settings,
-                    log_settings: ProcessLogSettings | None = None) -> ASGIApp:
-    """What the frontend serves: the app behind the infer fast path (same endpoints)."""
+                    log_settings: ProcessLogSettings | None = None,
+                    tracer: Tracer | None = None) -> ASGIApp:
+    """What the frontend serves: the app behind the infer fast path (same endpoints), which
+    samples requests for tracing."""
     from shoal.frontend.http.fastpath import InferFastPath
 
-    app = create_app(dataplane, settings, log_settings=log_settings)
+    app = create_app(dataplane, settings, log_settings=log_settings, tracer=tracer)
     return InferFastPath(app, app.state.infer, settings.http_max_input_size,
-                         app.state.infer_route.gate)
+                         app.state.infer_route.gate, app.state.tracer)

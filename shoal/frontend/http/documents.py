@@ -32,6 +32,7 @@ BASE_EXTENSIONS: Final = (
     "binary_tensor_data",
     "parameters",
     "statistics",
+    "trace",
     "logging",
 )
 UNLOAD_DEPENDENTS_EXTENSION: Final = "model_repository(unload_dependents)"

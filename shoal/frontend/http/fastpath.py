@@ -9,13 +9,19 @@ only the dispatch is shorter. Matching follows Triton's route regex for infer.
 Client disconnects: once the body is read, the handler runs as a task while we keep listening on
 ``receive``; if the client goes away before the answer, the task is cancelled, which cancels the
 request at the broker (dropped if still queued: Triton does not do this; we do).
+
+Tracing: the infer path is where a request is sampled (``Tracer.sample`` with the URL's model:
+one counter increment when it is not traced). A traced request is stamped HTTP_RECV_START on
+arrival, HTTP_RECV_END once its body is read, HTTP_SEND_START / HTTP_SEND_END around the
+answer's send; the handler finds it in the scope (``TRACE_SCOPE_KEY``), and it is handed to the
+tracer's writer when the exchange is over, however it ended.
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -23,7 +29,18 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from shoal.frontend.http.app import Endpoint
 from shoal.frontend.http.compression import size_limit_error
 from shoal.frontend.http.errors import shoal_error_response
+from shoal.frontend.http.infer import TRACE_SCOPE_KEY
 from shoal.frontend.http.restricted import HttpGate
+from shoal.trace.record import (
+    HTTP_RECV_END,
+    HTTP_RECV_START,
+    HTTP_SEND_END,
+    HTTP_SEND_START,
+    RequestTrace,
+)
+
+if TYPE_CHECKING:
+    from shoal.trace.sampling import Tracer
 
 INFER_PATH: Final = re.compile(r"^/v2/models/([^/]+)(?:/versions/([0-9]+))?/infer$")
 
@@ -33,11 +50,12 @@ class InferFastPath:
     ``inference`` is not restricted), checked before the body is read, as the route would."""
 
     def __init__(self, app: ASGIApp, infer: Endpoint, max_body: int,
-                 gate: HttpGate | None = None) -> None:
+                 gate: HttpGate | None = None, tracer: Tracer | None = None) -> None:
         self._app = app
         self._infer = infer
         self._max_body = max_body
         self._gate = gate
+        self._tracer = tracer
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
@@ -48,11 +66,26 @@ class InferFastPath:
                 if version is not None:
                     path_params["version"] = version
                 scope["path_params"] = path_params
-                await self._serve_infer(scope, receive, send)
+                trace = self._tracer.sample(model) if self._tracer is not None else None
+                if trace is None:
+                    await self._serve_infer(scope, receive, send)
+                else:
+                    await self._serve_traced(scope, receive, send, trace)
                 return
         await self._app(scope, receive, send)
 
-    async def _serve_infer(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _serve_traced(self, scope: Scope, receive: Receive, send: Send,
+                            trace: RequestTrace) -> None:
+        trace.stamp(HTTP_RECV_START)
+        scope[TRACE_SCOPE_KEY] = trace
+        try:
+            await self._serve_infer(scope, receive, send, trace)
+        finally:
+            assert self._tracer is not None
+            self._tracer.finish(trace)
+
+    async def _serve_infer(self, scope: Scope, receive: Receive, send: Send,
+                           trace: RequestTrace | None = None) -> None:
         if self._gate is not None:
             refused = self._gate.refusal(scope)
             if refused is not None:
@@ -72,6 +105,8 @@ class InferFastPath:
                 break
         if body_messages[-1]["type"] == "http.disconnect":
             return
+        if trace is not None:
+            trace.stamp(HTTP_RECV_END)
         replay = iter(body_messages)
 
         async def replay_receive() -> Message:
@@ -99,4 +134,9 @@ class InferFastPath:
             return
         finally:
             watcher.cancel()
+        if trace is not None:
+            trace.stamp(HTTP_SEND_START)
+            await response(scope, receive, send)
+            trace.stamp(HTTP_SEND_END)
+            return
         await response(scope, receive, send)

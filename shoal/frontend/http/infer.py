@@ -7,6 +7,10 @@ them. The outcome's output memory is lent to us until ``DataPlane.release``, whi
 Tensors in client-registered regions (``shared_memory_*`` parameters) are resolved through
 ``DataPlane.shared_memory`` under the request's id: no slot, no copy; the DataPlane releases the
 regions when the request ends, we do if it never reaches ``infer``.
+
+A request the fast path sampled for tracing carries its ``RequestTrace`` in the scope
+(``TRACE_SCOPE_KEY``): it is stamped REQUEST_START as it leaves for the broker, gets the
+broker's stamps and REQUEST_END with the answer, and (level TENSORS) copies of its tensors.
 """
 
 from __future__ import annotations
@@ -27,10 +31,12 @@ from shoal.messages import ModelVersionInfo
 
 if TYPE_CHECKING:
     from shoal.frontend.dataplane import DataPlane
+    from shoal.trace.record import RequestTrace
 
 logger = logging.getLogger(__name__)
 
 HEADER_LENGTH: Final = "inference-header-content-length"
+TRACE_SCOPE_KEY: Final = "shoal.trace"  # the request's RequestTrace, when it is traced
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -73,7 +79,8 @@ class InferHandler:
         decoded = decode_infer_request(body, request.headers.get(HEADER_LENGTH), model,
                                        self._limit)
         plan = validate_request(decoded, model)
-        content, headers = await self._run(decoded, plan, model)
+        content, headers = await self._run(decoded, plan, model,
+                                           request.scope.get(TRACE_SCOPE_KEY))
         reply_encoding = compression.response_encoding(request.headers.get("accept-encoding"))
         if reply_encoding is not None:
             content = compression.compress(content, reply_encoding)
@@ -81,11 +88,16 @@ class InferHandler:
         return Response(content, 200, headers)
 
     async def _run(
-        self, decoded: DecodedRequest, plan: InferPlan, model: ModelVersionInfo
+        self, decoded: DecodedRequest, plan: InferPlan, model: ModelVersionInfo,
+        trace: RequestTrace | None = None,
     ) -> tuple[bytes, dict[str, str]]:
         dataplane = self._dataplane
-        prepared = prepare_request(dataplane, decoded, plan, model)
-        outcome = await dataplane.infer(prepared.request, prepared.slots)
+        prepared = prepare_request(dataplane, decoded, plan, model, trace)
+        if trace is None:
+            outcome = await dataplane.infer(prepared.request, prepared.slots)
+        else:
+            outcome = await dataplane.infer(prepared.request, prepared.slots, trace=trace)
+            trace.capture_outputs(outcome.response.outputs, dataplane.output_view)
         try:
             encoded = encode_infer_response(
                 outcome.response,

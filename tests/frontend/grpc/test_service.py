@@ -328,7 +328,7 @@ def test_metadata_config_statistics_and_index(dataplane: StreamingFakeDataPlane)
     serve(dataplane, test)
 
 
-def test_load_unload_and_trace_are_refused(
+def test_load_unload_are_refused_and_trace_answers(
         dataplane: StreamingFakeDataPlane) -> None:
     async def test(stub: Any, channel: Any) -> None:
         error = await rpc_error(stub.RepositoryModelLoad(
@@ -339,8 +339,8 @@ def test_load_unload_and_trace_are_refused(
         error = await rpc_error(stub.RepositoryModelUnload(
             pb.RepositoryModelUnloadRequest(repository_name="r", model_name="identity")))
         assert error.code() == grpc.StatusCode.UNIMPLEMENTED
-        error = await rpc_error(stub.TraceSetting(pb.TraceSettingRequest()))
-        assert error.code() == grpc.StatusCode.UNAVAILABLE
+        trace = await stub.TraceSetting(pb.TraceSettingRequest())  # no --trace-config: off
+        assert list(trace.settings["trace_level"].value) == ["OFF"]
 
     serve(dataplane, test)
 
