@@ -26,6 +26,15 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     grpc_port: int = 8001
     metrics_port: int = 8002
     allow_metrics: bool = True
+    # metrics port contents (frontend/metrics/config.py): --metrics-config settings, GPU gauges,
+    # the interval of the per-interval metrics (GPU readings, summary windows)
+    metrics_counter_latencies: bool = True
+    metrics_histogram_latencies: bool = False
+    metrics_summary_latencies: bool = False
+    metrics_summary_quantiles: tuple[tuple[float, float], ...] = (
+        (0.5, 0.05), (0.9, 0.01), (0.95, 0.001), (0.99, 0.001), (0.999, 0.001))
+    allow_gpu_metrics: bool = True
+    metrics_interval_ms: int = 2000
     model_control_mode: ModelControlMode = ModelControlMode.NONE
     load_models: list[str] = []     # explicit mode: loaded at start ("*" = every model)
     repository_poll_secs: float = 15.0  # poll mode: seconds between repository scans

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 import zmq
 
 from shoal.broker.batch_results import batch_outcomes, written_states
+from shoal.broker.custom_metrics import merge_custom_metrics
 from shoal.broker.ensemble.driver import ENSEMBLE_LEASE, INTERNAL, EnsembleDriver
 from shoal.broker.frontend_link import BLS_PREFIX, FrontendLink
 from shoal.broker.health import note_progress
@@ -35,6 +36,7 @@ from shoal.messages import (
     CancelExecuting,
     CancelRequest,
     ControlReply,
+    CustomMetricFamily,
     Error,
     ForgetCudaHandles,
     Heartbeat,
@@ -212,7 +214,17 @@ class BrokerLoop:
         elif isinstance(message, StatsRequest):
             models = self.models.stats(message.model, message.version,
                                        self.ensembles.in_flight)
-            self.frontends.send(identity, StatsReply(message.query_id, models))
+            custom = [] if message.model else self.custom_metrics()
+            self.frontends.send(identity, StatsReply(message.query_id, models,
+                                                     custom_metrics=custom))
+
+    def custom_metrics(self) -> list[CustomMetricFamily]:
+        """The models' custom metrics over the workers still serving (an unloading model's go
+        at once, a dead worker's with it)."""
+        return merge_custom_metrics(
+            handle.custom_metrics for handle, _, _ in
+            sorted(self.workers.entries.values(), key=lambda entry: entry[0].identity)
+            if handle.state not in (WorkerState.STOPPING, WorkerState.DEAD))
 
     def submit(self, identity: bytes, request: InferRequest, now: float) -> None:
         runtime = self.models.runtime(request.model, request.version)
@@ -349,6 +361,8 @@ class BrokerLoop:
         handle, runtime, slot = entry
         if isinstance(message, Heartbeat):
             handle.heartbeat_at = now
+            if message.custom_metrics is not None:
+                handle.custom_metrics = message.custom_metrics
         elif isinstance(message, BatchResult):
             self.on_batch_result(handle, runtime, message, now)
         elif isinstance(message, StreamResponse):

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from shoal.messages import WorkerSpec
+from shoal.messages import CustomMetricFamily, WorkerSpec
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +47,8 @@ class WorkerHandle:
     heartbeat_at: float | None = None  # broker clock of the last Heartbeat (None: none yet)
     owes_since: float | None = None  # last progress while it owes answers (health.py)
     kill_reason: str = ""  # why the broker killed it (shown in the requests' errors)
+    # the models' custom metrics, as its last heartbeat that carried them (they go with it)
+    custom_metrics: list[CustomMetricFamily] = field(default_factory=list)
 
     @property
     def identity(self) -> str:

@@ -82,6 +82,11 @@ class ModelVersionStats:
     queue_latency: _Histogram = field(default_factory=_Histogram)
     compute_latency: _Histogram = field(default_factory=_Histogram)
     first_response_latency: _Histogram = field(default_factory=_Histogram)
+    first_response: _Acc = field(default_factory=_Acc)  # count and sum of the histogram above
+    # per request, as the compute_* accumulators (Triton's compute summaries)
+    compute_input_latency: _Histogram = field(default_factory=_Histogram)
+    compute_infer_latency: _Histogram = field(default_factory=_Histogram)
+    compute_output_latency: _Histogram = field(default_factory=_Histogram)
 
     def record_execution(self, rows: int, requests: int, timings: BatchTimings) -> None:
         self._count_execution(rows, timings)
@@ -90,6 +95,7 @@ class ModelVersionStats:
         self.compute_input.add(timings.compute_input_ns * requests, requests)
         self.compute_infer.add(timings.compute_infer_ns * requests, requests)
         self.compute_output.add(timings.compute_output_ns * requests, requests)
+        self._count_compute_parts(timings, requests)
 
     def record_ensemble_success(self, batch_size: int, request_ns: int, queue_ns: int,
                                 compute: BatchTimings) -> None:
@@ -104,6 +110,7 @@ class ModelVersionStats:
         self.compute_input.add(compute.compute_input_ns)
         self.compute_infer.add(compute.compute_infer_ns)
         self.compute_output.add(compute.compute_output_ns)
+        self._count_compute_parts(compute, 1)
         self._count_execution(max(1, batch_size), compute)
 
     def record_queue(self, ns: int) -> None:
@@ -118,11 +125,17 @@ class ModelVersionStats:
         """A decoupled request's first response (or its end, if it had none) ``ns`` after its
         arrival."""
         self.first_response_latency.add(ns)
+        self.first_response.add(ns)
 
     def record_failure(self, ns: int, reason: str) -> None:
         """reason: REJECTED | CANCELED | BACKEND | OTHER (Triton's metric label)."""
         self.fail.add(ns)
         self.fail_by_reason[reason] = self.fail_by_reason.get(reason, 0) + 1
+
+    def _count_compute_parts(self, timings: BatchTimings, requests: int) -> None:
+        self.compute_input_latency.add(timings.compute_input_ns, requests)
+        self.compute_infer_latency.add(timings.compute_infer_ns, requests)
+        self.compute_output_latency.add(timings.compute_output_ns, requests)
 
     def _count_execution(self, rows: int, timings: BatchTimings) -> None:
         self.execution_count += 1
@@ -152,4 +165,8 @@ class ModelVersionStats:
             compute_latency=self.compute_latency.frozen(),
             first_response_latency=self.first_response_latency.frozen(),
             instance_restarts=dict(instance_restarts or {}),
+            compute_input_latency=self.compute_input_latency.frozen(),
+            compute_infer_latency=self.compute_infer_latency.frozen(),
+            compute_output_latency=self.compute_output_latency.frozen(),
+            first_response=self.first_response.frozen(),
         )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from shoal.frontend.metrics.config import parse_metrics_config
 from shoal.frontend.restricted import RestrictionError, parse_restrictions
 from shoal.ops.top_args import add_top_arguments
 from shoal.settings import ModelControlMode, Settings
@@ -81,6 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="most bytes of client regions mapped at once")
     serve.add_argument("--metrics-port", type=int, default=8002)
     _bool_flag(serve, "--allow-metrics", True, "serve Prometheus metrics on --metrics-port")
+    serve.add_argument("--metrics-config", action="append", default=[], metavar="SETTING=VALUE",
+                       help="counter_latencies, histogram_latencies, summary_latencies "
+                       "(true/false) or summary_quantiles=Q:E,... (repeatable)")
+    _bool_flag(serve, "--allow-gpu-metrics", True, "GPU gauges (NVML) on the metrics port")
+    serve.add_argument("--metrics-interval-ms", type=int, default=2000, metavar="MS",
+                       help="how often GPU readings and summary windows are refreshed")
     serve.add_argument("--model-control-mode", choices=[m.value for m in ModelControlMode],
                        default="none", help="none: load every model at start; explicit: load "
                        "--load-model models, then the load/unload API; poll: follow the "
@@ -173,6 +180,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         http_address=args.http_address, http_workers=max(1, args.http_workers),
         grpc_port=args.grpc_port,
         metrics_port=args.metrics_port, allow_metrics=args.allow_metrics,
+        allow_gpu_metrics=args.allow_gpu_metrics, metrics_interval_ms=args.metrics_interval_ms,
+        **parse_metrics_config(args.metrics_config),
         model_control_mode=ModelControlMode(args.model_control_mode),
         load_models=list(args.load_model), repository_poll_secs=args.repository_poll_secs,
         model_load_device_limits=list(args.model_load_device_limit),
@@ -232,6 +241,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--worker-heartbeat-timeout-secs must be greater than 0")
     if args.repository_poll_secs <= 0:
         parser.error("--repository-poll-secs must be greater than 0")
+    if args.metrics_interval_ms <= 0:
+        parser.error("--metrics-interval-ms must be greater than 0")
+    try:
+        parse_metrics_config(args.metrics_config)
+    except ValueError as exc:
+        parser.error(str(exc))
     for flag in ("--http-header-timeout-secs", "--http-body-timeout-secs",
                  "--http-idle-timeout-secs", "--http-max-connections",
                  "--grpc-max-connections", "--grpc-max-concurrent-streams",

@@ -12,7 +12,8 @@ Tensors never travel inline: a ``TensorRef`` names a slice of a POSIX shared-mem
 of a client's CUDA allocation).
 
 Layout: the Structs live in ``tensors`` (the parts: tensor references, errors, leases),
-``frontend`` (frontend <-> broker) and ``worker`` (broker <-> worker, and the spawn spec); this
+``frontend`` (frontend <-> broker), ``worker`` (broker <-> worker, and the spawn spec) and
+``metrics`` (models' custom metrics, worker -> broker -> frontend); this
 module is the wire (``MsgKind``, ``encode``, ``decode``) and re-exports every Struct. Import from
 ``shoal.messages``.
 """
@@ -52,6 +53,7 @@ from shoal.messages.frontend import (
     TraceStamps,
     UnloadModel,
 )
+from shoal.messages.metrics import CustomMetric, CustomMetricFamily, CustomMetricKind
 from shoal.messages.tensors import (
     CudaHandle,
     Error,
@@ -184,6 +186,9 @@ __all__ = [
     "ClientRegion",
     "ControlReply",
     "CudaHandle",
+    "CustomMetric",
+    "CustomMetricFamily",
+    "CustomMetricKind",
     "Duration",
     "Error",
     "ForgetCudaHandles",

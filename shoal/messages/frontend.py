@@ -7,6 +7,7 @@ from typing import Final
 
 import msgspec
 
+from shoal.messages.metrics import CustomMetricFamily
 from shoal.messages.tensors import CudaHandle, Error, Lease, Params, RequestedOutput, TensorRef
 
 
@@ -282,9 +283,18 @@ class ModelStats(msgspec.Struct, frozen=True, array_like=True):
     compute_latency: LatencyHistogram = LatencyHistogram()  # compute input + infer + output
     first_response_latency: LatencyHistogram = LatencyHistogram()  # arrival -> first response
     instance_restarts: dict[str, int] = {}  # instance name -> worker restarts since loaded
+    # per request, as compute_input/infer/output above (summary metrics)
+    compute_input_latency: LatencyHistogram = LatencyHistogram()
+    compute_infer_latency: LatencyHistogram = LatencyHistogram()
+    compute_output_latency: LatencyHistogram = LatencyHistogram()
+    first_response: Duration = Duration(0, 0)  # count and sum of first_response_latency
 
 
 class StatsReply(msgspec.Struct, frozen=True, array_like=True):
+    """``custom_metrics``: the models' custom metrics merged over the live workers; only in the
+    answer to an all-models query (``StatsRequest.model`` "")."""
+
     query_id: int
     models: list[ModelStats]
     error: Error | None = None
+    custom_metrics: list[CustomMetricFamily] = []

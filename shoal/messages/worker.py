@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import msgspec
 
+from shoal.messages.metrics import CustomMetricFamily
 from shoal.messages.tensors import (
     CudaHandle,
     Error,
@@ -151,9 +152,12 @@ class WorkerLoadFailed(msgspec.Struct, frozen=True, array_like=True):
 class Heartbeat(msgspec.Struct, frozen=True, array_like=True):
     """worker -> broker, every HEARTBEAT_INTERVAL_S from the worker's control thread (never from
     the thread that runs the model): the process runs and its interpreter is not wedged. A
-    worker silent for ``--worker-heartbeat-timeout-secs`` is killed and replaced."""
+    worker silent for ``--worker-heartbeat-timeout-secs`` is killed and replaced.
+    ``custom_metrics``: the worker's custom metrics (``pb_utils.MetricFamily``), all of them,
+    when they changed since the last heartbeat that carried them; None: unchanged."""
 
     pid: int
+    custom_metrics: list[CustomMetricFamily] | None = None
 
 
 HEARTBEAT_INTERVAL_S = 1.0

@@ -64,6 +64,7 @@ from shoal.shm.tensors import array_from_buffer
 from shoal.workers.backends.base import Backend, BackendRequest, BackendResponse, InstanceContext
 from shoal.workers.backends.registry import create_backend
 from shoal.workers.bls.client import BlsClient
+from shoal.workers.custom_metrics import REGISTRY as CUSTOM_METRICS
 from shoal.workers.device_regions import DeviceRegions, LazyCudaIpc, zeros_like
 from shoal.workers.devices import resolve_device
 from shoal.workers.lifecycle import (
@@ -162,11 +163,13 @@ class WorkerProc:
     def _control_loop(self) -> None:
         """Cancellation flags and forgets arrive here while the main thread may be inside the
         model; heartbeats leave from here (from the start of the load on), so a stopped or
-        wedged process falls silent while a long execute does not."""
+        wedged process falls silent while a long execute does not. A heartbeat carries the
+        model's custom metrics when they changed."""
         next_beat = 0.0
         while not self.stopping:
             if time.monotonic() >= next_beat:
-                self.control_socket.send_multipart(encode(Heartbeat(os.getpid())))
+                self.control_socket.send_multipart(encode(Heartbeat(
+                    os.getpid(), CUSTOM_METRICS.changed_since_last())))
                 next_beat = time.monotonic() + HEARTBEAT_INTERVAL_S
             if not self.control_socket.poll(_POLL_MS):
                 continue

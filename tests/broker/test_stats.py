@@ -39,3 +39,15 @@ def test_bounds_include_every_one_two_five_step_and_are_increasing() -> None:
     for decade in range(1, 8):
         for step in (1, 2, 5):
             assert step * 10**decade in bounds
+
+
+def test_compute_parts_and_first_responses_have_their_own_histograms() -> None:
+    stats = ModelVersionStats("m", 1)
+    stats.record_execution(rows=2, requests=2, timings=BatchTimings(10_000, 3_000_000, 20_000))
+    stats.record_first_response(150 * 10**6)
+    snap = stats.snapshot(0)
+    assert _bucket(snap.compute_input_latency.counts) == [0, 0]  # 10 µs
+    assert _bucket(snap.compute_infer_latency.counts) == [LATENCY_BUCKET_BOUNDS_US.index(3000)] * 2
+    assert _bucket(snap.compute_output_latency.counts) == [LATENCY_BUCKET_BOUNDS_US.index(20)] * 2
+    assert (snap.first_response.count, snap.first_response.ns) == (1, 150 * 10**6)
+    assert sum(snap.first_response_latency.counts) == 1

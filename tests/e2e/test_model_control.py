@@ -255,8 +255,8 @@ def test_load_events_and_states_are_metrics(server: ShoalServer,
     client.unload_model("other")
     text = httpx.get(f"http://127.0.0.1:{server.metrics_port}/metrics").text
     lines = set(text.splitlines())
-    assert 'shoal_model_state{model="probe",version="1",state="READY"} 1' in lines
-    assert 'shoal_model_state{model="probe",version="1",state="LOADING"} 0' in lines
+    assert 'shoal_model_state{model="probe",state="READY",version="1"} 1.0' in lines
+    assert 'shoal_model_state{model="probe",state="LOADING",version="1"} 0.0' in lines
     loads = [line for line in lines if line.startswith('shoal_model_loads{model="other"}')]
     assert loads and int(loads[0].split()[-1]) >= 1
     failures = [line for line in lines

@@ -4,10 +4,21 @@ from __future__ import annotations
 
 import re
 
+from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
 from shoal.frontend.metrics import create_metrics_app, failures_by_reason, render_prometheus
-from shoal.messages import Duration, ModelStats
+from shoal.frontend.metrics.config import MetricsConfig
+from shoal.messages import (
+    CustomMetric,
+    CustomMetricFamily,
+    CustomMetricKind,
+    Duration,
+    ModelLoadStats,
+    ModelStats,
+    RepositorySnapshot,
+    StatsReply,
+)
 from tests.frontend.http.fakes import FakeDataPlane, make_model
 
 
@@ -69,6 +80,42 @@ def test_help_and_type_lines_and_no_total_suffix() -> None:
                      'nv_inference_count{model="m",version="1"} 12']
 
 
+def test_the_exposition_parses_with_the_families_typed() -> None:
+    text = render_prometheus([stats()], RepositorySnapshot([make_model("m")], True))
+    kinds = {family.name: family.type for family in text_string_to_metric_families(text)}
+    assert kinds["nv_inference_count"] == "counter"  # the parser files it under the family name
+    assert kinds["nv_inference_request_failure"] == "counter"
+    assert kinds["nv_inference_pending_request_count"] == "gauge"
+    assert kinds["shoal_model_state"] == "gauge"
+    assert kinds["nv_cpu_utilization"] == "gauge"
+
+
+def test_prometheus_client_would_add_total_to_counters() -> None:
+    """Why counters are written by hand (exposition.py): prometheus-client names a counter
+    family <name>_total, which would rename every Triton counter."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.core import CounterMetricFamily
+
+    class One:
+        def collect(self) -> list[CounterMetricFamily]:
+            family = CounterMetricFamily("nv_inference_count", "n", labels=["model"])
+            family.add_metric(["m"], 12)
+            return [family]
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(One())  # type: ignore[arg-type]
+    text = generate_latest(registry).decode()
+    assert "# TYPE nv_inference_count_total counter" in text
+    assert 'nv_inference_count_total{model="m"} 12.0' in text
+
+
+def test_counter_latencies_false_drops_the_duration_counters() -> None:
+    text = render_prometheus([stats()], config=MetricsConfig(counter_latencies=False))
+    assert "nv_inference_request_duration_us" not in text
+    assert "nv_inference_compute_infer_duration_us" not in text
+    assert 'nv_inference_count{model="m",version="1"} 12' in text
+
+
 def test_cpu_gauges_are_present() -> None:
     values = samples(render_prometheus([]))
     assert 0.0 <= values["nv_cpu_utilization"] <= 1.0
@@ -78,8 +125,23 @@ def test_cpu_gauges_are_present() -> None:
 
 
 def test_label_values_are_escaped() -> None:
-    text = render_prometheus([stats('we"ird\\name')])
-    assert 'model="we\\"ird\\\\name"' in text
+    name = 'we"ird\\na\nme'
+    text = render_prometheus([stats(name)], RepositorySnapshot([make_model(name)], True))
+    assert 'model="we\\"ird\\\\na\\nme"' in text
+    for family in text_string_to_metric_families(text):
+        if family.name in ("nv_inference_count", "shoal_model_state"):
+            assert {s.labels["model"] for s in family.samples} == {name}
+
+
+def test_model_load_duration_follows_triton_for_ready_versions() -> None:
+    snapshot = RepositorySnapshot([make_model("m"), make_model("m", version=2)], True,
+                                  load_stats=[ModelLoadStats("m", 1, 0, 0, 1.5)])
+    values = samples(render_prometheus([], snapshot))
+    assert values['nv_model_load_duration_secs{model="m",version="1"}'] == 1.5
+    assert values['nv_model_load_duration_secs{model="m",version="2"}'] == 1.5
+    assert values['shoal_model_state{model="m",state="READY",version="1"}'] == 1
+    assert values['shoal_model_state{model="m",state="LOADING",version="1"}'] == 0
+    assert values['shoal_model_loads{model="m"}'] == 1
 
 
 def test_metrics_app_routes() -> None:
@@ -91,6 +153,30 @@ def test_metrics_app_routes() -> None:
             assert response.headers["content-type"] == "text/plain; charset=utf-8"
             assert re.search(r'^nv_inference_count\{model="m",version="1"\} 12$',
                              response.text, re.MULTILINE)
-        assert client.post("/metrics").status_code == 405
-        other = client.get("/metricsx")
-        assert (other.status_code, other.content) == (400, b"")
+        wrong_method = client.post("/metrics")
+        assert (wrong_method.status_code, wrong_method.json()) == (
+            405, {"error": "Method Not Allowed"})
+        for path in ("/", "/metricsx", "/v2/health/ready"):
+            other = client.get(path)
+            assert other.status_code == 404, path
+            assert other.headers["content-type"] == "application/json"
+            assert other.json() == {"error": "Not Found"}
+
+
+class _CustomDataPlane(FakeDataPlane):
+    custom: list[CustomMetricFamily] = []
+
+    async def stats(self, model: str, version: int) -> StatsReply:
+        reply = await super().stats(model, version)
+        return StatsReply(reply.query_id, reply.models, reply.error, self.custom)
+
+
+def test_custom_metrics_reach_the_metrics_app() -> None:
+    dataplane = _CustomDataPlane(models=[make_model("m")])
+    dataplane.custom = [CustomMetricFamily("requests_seen", "Requests a model saw",
+                                           CustomMetricKind.COUNTER,
+                                           [CustomMetric([("kind", "a")], 3.0)])]
+    with TestClient(create_metrics_app(dataplane)) as client:
+        text = client.get("/metrics").text
+    assert "# TYPE requests_seen counter" in text
+    assert 'requests_seen{kind="a"} 3' in text.splitlines()

@@ -6,8 +6,9 @@ BLS (``InferenceRequest.exec``/``async_exec``, ``ResponseIterator``) and model c
 (``load_model``/``unload_model``/``is_model_ready``) go through the worker's BLS connection
 (``pb_bls``). Differences from Triton, all explicit: request rescheduling raises
 ``TritonModelException``; BLS outputs are always in host memory (``preferred_memory`` is
-accepted and ignored); metrics are kept in-process (not exported to /metrics yet); ``Logger``
-writes to Python logging (logger ``shoal.model``).
+accepted and ignored); custom metrics (``MetricFamily``, ``pb_metrics``) are exported on
+``GET :8002/metrics``, each instance keeping its own values; ``Logger`` writes to Python logging
+(logger ``shoal.model``).
 This module imports no torch (auto-complete runs without it).
 """
 
@@ -22,6 +23,7 @@ import numpy.typing as npt
 
 from shoal.workers.backends.python import pb_bls
 from shoal.workers.backends.python.pb_bls import ResponseIterator
+from shoal.workers.backends.python.pb_metrics import Metric, MetricFamily, MetricKind
 from shoal.workers.backends.python.pb_model_config import ModelConfig
 from shoal.workers.backends.python.pb_request import (
     TRITONSERVER_MEMORY_CPU,
@@ -51,8 +53,8 @@ __all__ = [
     "TRITONSERVER_REQUEST_RELEASE_ALL", "TRITONSERVER_REQUEST_RELEASE_RESCHEDULE",
     "TRITONSERVER_RESPONSE_COMPLETE_FINAL", "TRITON_STRING_TO_NUMPY", "InferenceRequest",
     "InferenceResponse", "InferenceResponseSender", "InferenceTrace", "Logger", "Metric",
-    "MetricFamily", "ModelConfig", "PreferredMemory", "ResponseIterator", "Tensor", "TritonError",
-    "TritonModelException", "deserialize_bytes_tensor", "get_input_config_by_name",
+    "MetricFamily", "MetricKind", "ModelConfig", "PreferredMemory", "ResponseIterator", "Tensor",
+    "TritonError", "TritonModelException", "deserialize_bytes_tensor", "get_input_config_by_name",
     "get_input_tensor_by_name", "get_model_dir", "get_output_config_by_name",
     "get_output_tensor_by_name", "is_model_ready", "load_model", "numpy_to_triton_type",
     "serialize_byte_tensor", "triton_string_to_numpy", "triton_to_numpy_type",
@@ -198,56 +200,3 @@ class Logger:
     @staticmethod
     def log_verbose(message: str) -> None:
         _model_logger.debug("%s", message)
-
-
-class Metric:
-    """One labelled series of a ``MetricFamily`` (kept in-process)."""
-
-    def __init__(self, kind: int, labels: dict[str, str], buckets: list[float] | None) -> None:
-        self._kind = kind
-        self.labels = labels
-        self.buckets = buckets
-        self._value = 0.0
-        self._count = 0
-
-    def increment(self, value: float) -> None:
-        if self._kind != MetricFamily.GAUGE and value < 0:
-            raise TritonModelException("a counter can only be increased")
-        if self._kind == MetricFamily.HISTOGRAM:
-            raise TritonModelException("histogram metrics support observe() only")
-        self._value += value
-
-    def set(self, value: float) -> None:
-        if self._kind != MetricFamily.GAUGE:
-            raise TritonModelException("only gauge metrics support set()")
-        self._value = value
-
-    def observe(self, value: float) -> None:
-        if self._kind != MetricFamily.HISTOGRAM:
-            raise TritonModelException("only histogram metrics support observe()")
-        self._value += value
-        self._count += 1
-
-    def value(self) -> float:
-        if self._kind == MetricFamily.HISTOGRAM:
-            raise TritonModelException("histogram metrics do not support value()")
-        return self._value
-
-
-class MetricFamily:
-    COUNTER = 0
-    GAUGE = 1
-    HISTOGRAM = 2
-
-    def __init__(self, name: str, description: str, kind: int) -> None:
-        if kind not in (self.COUNTER, self.GAUGE, self.HISTOGRAM):
-            raise TritonModelException(f"unknown metric kind {kind}")
-        self.name = name
-        self.description = description
-        self.kind = kind
-
-    def Metric(self, labels: dict[str, str] | None = None,  # Triton's method name
-               buckets: list[float] | None = None) -> Metric:
-        if self.kind == self.HISTOGRAM and buckets is None:
-            raise TritonModelException("histogram metrics need buckets")
-        return Metric(self.kind, dict(labels or {}), buckets)
