@@ -60,3 +60,9 @@ bench-reload: setup
 # model reloads every minute; writes its section of bench/RESULTS.md.
 bench-chaos: setup
 	$(BIN)/python -m bench.chaos_soak $(BENCH_CHAOS_ARGS)
+
+# What tracing costs: req/s, p50/p99 of a small python model with tracing off, at trace_rate
+# 1000 and at trace_rate 1 (one server each, same load); writes its section of bench/RESULTS.md.
+.PHONY: bench-trace
+bench-trace: setup
+	$(BIN)/python -m bench.trace_bench $(BENCH_TRACE_ARGS)
