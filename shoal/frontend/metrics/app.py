@@ -163,8 +163,11 @@ def create_metrics_app(dataplane: DataPlane, extra_routes: Sequence[BaseRoute] =
         reply = await _all_stats(dataplane)
         models: Sequence[ModelStats] = reply.models if reply is not None else ()
         custom: Iterable[CustomMetricFamily] = reply.custom_metrics if reply is not None else ()
-        text = render_prometheus(models, dataplane.snapshot, config=config, custom=list(custom),
-                                 gpus=poller.gpus, windows=poller.windows)
+        # off the event loop (measured, best of 15: 3 ms for 10 versions with summaries and
+        # histograms, 35 ms for 100): frontend 0's loop keeps serving meanwhile, sharing the GIL
+        text = await asyncio.to_thread(
+            render_prometheus, models, dataplane.snapshot, config=config, custom=list(custom),
+            gpus=poller.gpus, windows=poller.windows)
         return Response(text.encode(), media_type=CONTENT_TYPE)
 
     async def other(request: Request, exc: Exception) -> Response:

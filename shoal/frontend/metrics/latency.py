@@ -20,6 +20,7 @@ counts on each scrape:
 from __future__ import annotations
 
 import math
+import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import Final
@@ -100,18 +101,21 @@ def _delta(newer: Sequence[int], older: Sequence[int] | None) -> list[int]:
 
 class SummaryWindows:
     """Readings of the summary histograms over the last ``max_age_s`` seconds (one per
-    ``record``); the window of a scrape starts at the oldest reading kept."""
+    ``record``); the window of a scrape starts at the oldest reading kept. Thread-safe: the
+    poller records on the event loop while a scrape renders in a thread."""
 
     def __init__(self, max_age_s: float) -> None:
         self.max_age_s = max_age_s
         self._readings: deque[tuple[float, _Reading]] = deque()
+        self._lock = threading.Lock()
 
     def record(self, now: float, stats: Sequence[ModelStats]) -> None:
-        self._readings.append((now, {
-            (s.name, s.version): tuple(list(histogram(s).counts)
-                                       for _, _, histogram, _ in SUMMARIES)
-            for s in stats}))
-        self._expire(now)
+        reading = {(s.name, s.version): tuple(list(histogram(s).counts)
+                                              for _, _, histogram, _ in SUMMARIES)
+                   for s in stats}
+        with self._lock:
+            self._readings.append((now, reading))
+            self._expire(now)
 
     def _expire(self, now: float) -> None:
         while self._readings and self._readings[0][0] < now - self.max_age_s:
@@ -119,10 +123,11 @@ class SummaryWindows:
 
     def window(self, now: float, stats: ModelStats) -> list[list[int]] | None:
         """Per summary, the counts added inside the window; None without a reading in it."""
-        self._expire(now)
-        if not self._readings:
-            return None
-        baseline = self._readings[0][1].get((stats.name, stats.version))
+        with self._lock:
+            self._expire(now)
+            if not self._readings:
+                return None
+            baseline = self._readings[0][1].get((stats.name, stats.version))
         return [_delta(histogram(stats).counts, baseline[i] if baseline is not None else None)
                 for i, (_, _, histogram, _) in enumerate(SUMMARIES)]
 
