@@ -22,7 +22,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from tritonclient.utils import InferenceServerException
 
 from tests.e2e.conftest import serving
-from tests.e2e.models import identity_model
+from tests.e2e.models import identity_model, repeat_model
 from tests.e2e.server import ShoalServer, free_port
 
 HTTP_NAMES = ["HTTP_RECV_START", "HTTP_RECV_END", "REQUEST_START", "QUEUE_START",
@@ -37,6 +37,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     root = tmp_path_factory.mktemp("trace-repo")
     identity_model(root, "identity", "FP32")
     identity_model(root, "other", "INT32")
+    repeat_model(root)
     return root
 
 
@@ -210,6 +211,40 @@ def test_trace_records_in_order_with_one_clock(server: ShoalServer,
         assert stamps == sorted(stamps), trace["stamps"]
         assert stamps[-1] - stamps[0] < 10 * 10**9
     assert http_trace["header"]["id"] != grpc_trace["header"]["id"]
+
+
+def test_grpc_stream_requests_are_traced(server: ShoalServer, trace_dir: pathlib.Path) -> None:
+    """A stream's messages each get a trace: a plain model's like ModelInfer's; a decoupled
+    model's ends with its final response (its compute phases are there only if execute() had
+    returned by then: README)."""
+    answers: list[Any] = []
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: answers.append(error or result))
+    try:
+        plain = grpcclient.InferInput("INPUT0", [2], "FP32")
+        plain.set_data_from_numpy(np.ones(2, dtype=np.float32))
+        before = len(indexed_files(trace_dir))
+        client.async_stream_infer("identity", [plain])
+        files = wait_for_files(trace_dir, before + 1)
+        count, delay = grpcclient.InferInput("IN", [1], "INT32"), grpcclient.InferInput(
+            "DELAY", [1], "FP32")
+        count.set_data_from_numpy(np.array([2], np.int32))
+        delay.set_data_from_numpy(np.array([0.0], np.float32))
+        client.async_stream_infer("repeat_decoupled", [count, delay],
+                                  enable_empty_final_response=True)
+        files = wait_for_files(trace_dir, before + 2)
+    finally:
+        client.stop_stream()
+    assert not [a for a in answers if isinstance(a, Exception)]
+    plain_trace, decoupled = only_trace(files[before]), only_trace(files[before + 1])
+    assert [n for n, _ in plain_trace["stamps"]] == GRPC_NAMES
+    assert decoupled["header"]["model_name"] == "repeat_decoupled"
+    names = [n for n, _ in decoupled["stamps"]]
+    assert [n for n in GRPC_NAMES if n in names] == names  # in order, a subsequence
+    assert {"REQUEST_START", "QUEUE_START", "COMPUTE_START", "REQUEST_END",
+            "GRPC_SEND_END"} <= set(names)
+    stamps = [ns for _, ns in decoupled["stamps"]]
+    assert stamps == sorted(stamps)
 
 
 def test_rate_and_count_are_honoured(server: ShoalServer, trace_dir: pathlib.Path) -> None:

@@ -66,31 +66,30 @@ class InferFastPath:
                 if version is not None:
                     path_params["version"] = version
                 scope["path_params"] = path_params
-                trace = self._tracer.sample(model) if self._tracer is not None else None
-                if trace is None:
-                    await self._serve_infer(scope, receive, send)
-                else:
-                    await self._serve_traced(scope, receive, send, trace)
+                await self._serve_infer(scope, receive, send, model)
                 return
         await self._app(scope, receive, send)
 
-    async def _serve_traced(self, scope: Scope, receive: Receive, send: Send,
-                            trace: RequestTrace) -> None:
-        trace.stamp(HTTP_RECV_START)
-        scope[TRACE_SCOPE_KEY] = trace
-        try:
-            await self._serve_infer(scope, receive, send, trace)
-        finally:
-            assert self._tracer is not None
-            self._tracer.finish(trace)
-
-    async def _serve_infer(self, scope: Scope, receive: Receive, send: Send,
-                           trace: RequestTrace | None = None) -> None:
+    async def _serve_infer(self, scope: Scope, receive: Receive, send: Send, model: str) -> None:
         if self._gate is not None:
             refused = self._gate.refusal(scope)
             if refused is not None:
                 await refused(scope, receive, send)
                 return
+        trace = self._tracer.sample(model) if self._tracer is not None else None
+        if trace is None:
+            await self._serve_admitted(scope, receive, send)
+            return
+        trace.stamp(HTTP_RECV_START)
+        scope[TRACE_SCOPE_KEY] = trace
+        try:
+            await self._serve_admitted(scope, receive, send, trace)
+        finally:
+            assert self._tracer is not None
+            self._tracer.finish(trace)
+
+    async def _serve_admitted(self, scope: Scope, receive: Receive, send: Send,
+                              trace: RequestTrace | None = None) -> None:
         body_messages: list[Message] = []
         size = 0
         while True:  # the body first, never more than the limit
