@@ -61,6 +61,13 @@ bench-reload: setup
 bench-chaos: setup
 	$(BIN)/python -m bench.chaos_soak $(BENCH_CHAOS_ARGS)
 
+# What watching costs: req/s of 8 closed-loop clients on the TorchScript MLP with the ops
+# dashboard closed vs open (a 1 Hz poller of /dashboard/api/stats and a live-feed reader),
+# 3 alternating rounds of 20 s; writes its section of bench/RESULTS.md.
+.PHONY: bench-dashboard
+bench-dashboard: setup
+	$(BIN)/python -m bench.dashboard_bench $(BENCH_DASHBOARD_ARGS)
+
 # What tracing costs: req/s, p50/p99 of a small python model with tracing off, at trace_rate
 # 1000 and at trace_rate 1 (one server each, same load); writes its section of bench/RESULTS.md.
 .PHONY: bench-trace

@@ -167,6 +167,7 @@ function renderPlots() {
     lineChart("Throughput (requests/s)", pick(models, "requests_per_s"), v => num(v, 1), 1),
     lineChart("p99 latency (request, ~10 s window)", pick(models, "request_p99_us"), ms, 1000),
     lineChart("Queue depth", pick(models, "queue_depth"), v => num(v, 0), 1),
+    lineChart("In flight (at the workers)", pick(models, "in_flight"), v => num(v, 0), 1),
     lineChart("CPU % per process", pick(procs, "cpu_percent"), v => num(v, 0) + "%", 10),
     lineChart("RSS per process", pick(procs, "rss_bytes"), bytes, 1 << 20),
   );
