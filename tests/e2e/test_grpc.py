@@ -111,15 +111,17 @@ def test_statistics_and_repository_index_match_http(
         (m["name"], m["version"], m["state"]) for m in http.get_model_repository_index()]
 
 
-def test_load_unload_trace_and_cuda_are_refused_as_over_http(
+def test_load_unload_and_cuda_are_refused_and_trace_answers_as_over_http(
         server: ShoalServer, client: grpcclient.InferenceServerClient) -> None:
     for action in ("load", "unload"):
         error = grpc_error(getattr(client, f"{action}_model"), "add_sub")
         assert error.status() == "StatusCode.UNAVAILABLE"
         r = httpx.post(f"{server.base}/v2/repository/models/add_sub/{action}")
         assert r.status_code == 503 and r.json()["error"] == error.message()
-    error = grpc_error(client.get_trace_settings)
-    assert error.status() == "StatusCode.UNAVAILABLE"
+    settings = client.get_trace_settings(as_json=True)["settings"]
+    over_http = httpx.get(f"{server.base}/v2/trace/setting").json()
+    assert {key: value["value"] for key, value in settings.items()} == {
+        key: value if isinstance(value, list) else [value] for key, value in over_http.items()}
     assert client.get_cuda_shared_memory_status(as_json=True) == {}
     assert_cuda_register_refused_as_over_http(server, client)
 
