@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -19,6 +20,7 @@ import psutil
 import pytest
 
 from tests.e2e.conftest import serving
+from tests.e2e.models import sleepy_model
 from tests.e2e.server import ShoalServer, free_port
 from tests.ops.live import Load, build_dashboard_repository, model_row, stats, wait_for
 
@@ -138,6 +140,36 @@ def test_the_page_is_served(server: ShoalServer) -> None:
     assert page.status_code == 200 and "/dashboard/dashboard.js" in page.text
     assert httpx.get(f"http://127.0.0.1:{server.metrics_port}/metrics",
                      timeout=10).status_code == 200  # /metrics is still there
+
+
+def test_an_open_live_feed_ends_cleanly_when_the_server_stops(tmp_path: pathlib.Path) -> None:
+    repo = tmp_path / "repo"
+    sleepy_model(repo, "sleepy")
+    srv = ShoalServer([str(repo)])
+    events: list[str] = []
+    outcome: list[str] = []
+
+    def follow() -> None:
+        try:
+            with httpx.stream("GET", f"http://127.0.0.1:{srv.metrics_port}/dashboard/api/stream",
+                              timeout=60) as feed:
+                for line in feed.iter_lines():
+                    if line.startswith("data: "):
+                        events.append(line)
+            outcome.append("ended")
+        except httpx.HTTPError as exc:
+            outcome.append(repr(exc))
+
+    reader = threading.Thread(target=follow, daemon=True)
+    with serving(srv):  # at the block's end: SIGTERM, exit 0, nothing left behind
+        wait_for(lambda: stats(srv.metrics_port) or None, what="the first sample")
+        reader.start()
+        wait_for(lambda: events or None, what="the first event")
+        stopping = time.monotonic()
+    stop_s = time.monotonic() - stopping
+    reader.join(timeout=10)
+    assert outcome == ["ended"]  # the server closed the feed, it was not cut
+    assert stop_s < 15  # far below --exit-timeout-secs (30): the feed did not hold the drain
 
 
 # ------------------------------------------------------------------ shoal top
