@@ -224,7 +224,9 @@ function renderModels(doc) {
     const restarts = Object.values(m.instance_restarts).reduce((a, b) => a + b, 0);
     return row([
       { text: m.name, attrs: { class: "l" } }, String(m.version),
-      { text: m.state, attrs: { class: "l state-" + m.state, title: m.reason } },
+      { text: m.state, attrs: { class: "l state-" + m.state,
+          title: (m.reason ? m.reason + " · " : "") + `loads ${m.loads}, failed ${m.load_failures}` +
+                 (m.loads ? `, last took ${num(m.last_load_seconds, 2)} s` : "") } },
       String(m.instances), String(m.queue_depth), String(m.in_flight),
       num(m.requests_per_s, 1),
       series ? sparkline(series.requests_per_s, colorOf(m.name + ":" + m.version), 1) : "",
