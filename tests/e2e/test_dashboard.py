@@ -207,6 +207,8 @@ def test_top_live_view_under_tmux(server: ShoalServer) -> None:
                         f"http://127.0.0.1:{server.metrics_port}", "--interval", "0.5"])
     subprocess.run([*tmux, "new-session", "-d", "-s", "top", "-x", "200", "-y", "50", command],
                    check=True, timeout=30)
+    socket_path = subprocess.run([*tmux, "display-message", "-p", "#{socket_path}"],
+                                 capture_output=True, text=True, timeout=30).stdout.strip()
     try:
         def screen() -> str | None:
             text = subprocess.run([*tmux, "capture-pane", "-p", "-t", "top"],
@@ -229,6 +231,8 @@ def test_top_live_view_under_tmux(server: ShoalServer) -> None:
         psutil.Process(pane_pid).wait(timeout=10)  # Ctrl-C ends it
     finally:
         subprocess.run([*tmux, "kill-server"], timeout=30, check=False)
+        if socket_path:
+            pathlib.Path(socket_path).unlink(missing_ok=True)
 
 
 def test_the_restricted_dashboard_needs_the_header(tmp_path: pathlib.Path) -> None:
