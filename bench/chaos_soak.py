@@ -302,16 +302,18 @@ class ShoalProcess:
     def worker_pids(self) -> list[int]:
         return [p.pid for p in self.tree() if _is_worker(p)]
 
-    def long_lived_rss(self) -> dict[str, float]:
-        """MiB per long-lived process (supervisor, broker, frontend)."""
+    def long_lived_rss(self, status_field: str = "VmRSS") -> dict[str, float]:
+        """MiB per long-lived process (supervisor, broker, frontend) of a /proc status field:
+        VmRSS (all resident pages), RssAnon (private heap: what a leak grows) or RssShmem (pages
+        of shared-memory segments touched, e.g. arenas in use)."""
         out: dict[str, float] = {}
         for p in self.tree():
-            with contextlib.suppress(psutil.NoSuchProcess):
+            with contextlib.suppress(psutil.NoSuchProcess, FileNotFoundError):
                 cmd = " ".join(p.cmdline())
                 role = ("broker" if "shoal.broker" in cmd else "frontend"
                         if "shoal.frontend" in cmd else "supervisor" if " serve " in cmd else "")
                 if role:
-                    out[role] = p.memory_info().rss / 2**20
+                    out[role] = _status_kib(p.pid, status_field) / 1024
         return out
 
     def shm_bytes(self) -> int:
@@ -321,6 +323,13 @@ class ShoalProcess:
                 with contextlib.suppress(OSError):
                     total += os.stat(f"/dev/shm/{name}").st_blocks * 512
         return total
+
+
+def _status_kib(pid: int, field: str) -> int:
+    for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return 0
 
 
 def _is_worker(p: psutil.Process) -> bool:
@@ -365,6 +374,8 @@ class SoakReport:
     shm_end: int
     orphans: list[str]
     exit_code: int | None
+    # role -> private heap (RssAnon) MiB at the start and after each tenth of the run
+    anon_timeline: dict[str, list[float]] = field(default_factory=dict)
 
 
 def run_soak(minutes: float, clients: int = 32, chaos_every_s: float = 10.0,
@@ -385,7 +396,11 @@ def run_soak(minutes: float, clients: int = 32, chaos_every_s: float = 10.0,
                                  args=(server, chaos_every_s, reload_every_s, actions),
                                  daemon=True)
         chaos.start()
-        time.sleep(minutes * 60)
+        anon_timeline = {role: [mib] for role, mib in server.long_lived_rss("RssAnon").items()}
+        for _ in range(10):  # the private heap's trend: a plateau is warm-up, a slope a leak
+            time.sleep(minutes * 6)
+            for role, mib in server.long_lived_rss("RssAnon").items():
+                anon_timeline.setdefault(role, []).append(mib)
         stop.set()
         chaos.join(timeout=150)
         for t in threads:
@@ -411,7 +426,7 @@ def run_soak(minutes: float, clients: int = 32, chaos_every_s: float = 10.0,
                 p.kill()
         shutil.rmtree(workdir, ignore_errors=True)
     return SoakReport(minutes, clients, tally, actions, rss_start, rss_end, shm_start, shm_end,
-                      orphans, exit_code)
+                      orphans, exit_code, anon_timeline)
 
 
 def render(r: SoakReport, command: str) -> str:
@@ -432,8 +447,12 @@ def render(r: SoakReport, command: str) -> str:
         f"| violations (wrong answer, late, second end, no end) | {len(r.tally.violations)} |",
         *(f"| {k} | {v:,} |" for k, v in sorted(r.tally.outcomes.items())),
         *(f"| error: {k} | {v:,} |" for k, v in r.tally.errors.most_common()),
-        *(f"| RSS {role} MiB start → end | {r.rss_start.get(role, 0):.0f} → "
+        *(f"| RSS (all resident pages, arena pages in use included) {role} MiB start → end | "
+          f"{r.rss_start.get(role, 0):.0f} → "
           f"{r.rss_end.get(role, 0):.0f} |" for role in ("supervisor", "broker", "frontend")),
+        *(f"| private heap (RssAnon) {role} MiB, each tenth of the run | "
+          f"{' → '.join(f'{v:.0f}' for v in r.anon_timeline.get(role, []))} |"
+          for role in ("supervisor", "broker", "frontend")),
         f"| /dev/shm MiB start → end | {r.shm_start / 2**20:.1f} → {r.shm_end / 2**20:.1f} |",
         f"| orphan processes after the stop | {len(r.orphans)} |",
         f"| server exit code | {r.exit_code} |", "",
