@@ -1,9 +1,11 @@
 """Hugging Face checkpoints on disk: ``config.json`` -> ``ModelSpec``, ``*.safetensors`` ->
 tensors, ``tokenizer.json`` -> ``tokenizers.Tokenizer``. Nothing is downloaded.
 
-Supported architectures: the Llama family (``model_type`` "llama", and "mistral" without a
-sliding window) with default rotary embeddings, and GPT-2. Anything else fails with
-UNSUPPORTED naming the config field at fault.
+Supported architectures: the Llama family — ``model_type`` "llama", "mistral", "qwen2" and
+"qwen3", which differ only by the switches of ``ModelSpec`` (q/k/v and output biases, QK-norm) —
+with default or Llama 3 (``rope_type: llama3``) rotary embeddings, and GPT-2. A sliding window
+shorter than the model's context is refused: the paged attention has no window mask. Anything
+else fails with UNSUPPORTED naming the config field at fault.
 """
 
 from __future__ import annotations
@@ -22,13 +24,27 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-LLAMA_FAMILY = ("llama", "mistral")
+LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3")
+ROPE_TYPES = ("default", "llama3")
 DTYPES = ("float32", "float16", "bfloat16")
 
 
 @dataclass(frozen=True)
+class Llama3RopeScaling:
+    """``rope_type: llama3`` (Llama 3.1+): inverse frequencies whose wavelength exceeds
+    ``original_max_position_embeddings / low_freq_factor`` are divided by ``factor``, those
+    below ``original_max_position_embeddings / high_freq_factor`` are kept, and those in between
+    are interpolated smoothly (HF ``_compute_llama3_parameters``)."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+
+
+@dataclass(frozen=True)
 class ModelSpec:
-    architecture: str  # "llama" or "gpt2"
+    architecture: str  # config.json's model_type; every one but "gpt2" runs on LlamaModel
     vocab_size: int
     hidden_size: int
     num_layers: int
@@ -41,8 +57,11 @@ class ModelSpec:
     hidden_act: str
     checkpoint_dtype: str
     rope_theta: float = 10000.0
-    attention_bias: bool = False
+    rope_scaling: Llama3RopeScaling | None = None  # None: default rotary embeddings
+    qkv_bias: bool = False  # q/k/v projections have biases (Llama attention_bias, Qwen2)
+    out_proj_bias: bool = False  # o_proj has a bias (Llama / Qwen3 attention_bias; not Qwen2)
     mlp_bias: bool = False
+    qk_norm: bool = False  # Qwen3: RMSNorm over head_dim on each q and k head, before rope
     tie_word_embeddings: bool = False
     attention_scale: float = 1.0  # GPT-2 without layer-index scaling; Llama: head_dim ** -0.5
     scale_attn_by_inverse_layer_idx: bool = False
@@ -60,7 +79,7 @@ def read_model_spec(model_dir: str | Path) -> ModelSpec:
     model_type = config.get("model_type")
     try:
         if model_type in LLAMA_FAMILY:
-            return _llama_spec(config)
+            return _llama_spec(config, str(model_type))
         if model_type == "gpt2":
             return _gpt2_spec(config)
     except KeyError as exc:
@@ -81,21 +100,70 @@ def _eos(config: dict[str, Any]) -> int | None:
     return eos if isinstance(eos, int) else None
 
 
-def _llama_spec(config: dict[str, Any]) -> ModelSpec:
-    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+def _rope_scaling(rope: dict[str, Any]) -> Llama3RopeScaling | None:
     rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type != "default":
-        raise unsupported(f"config.json rope_type {rope_type!r} is not supported (only "
-                          f"'default' rotary embeddings)")
+    if rope_type not in ROPE_TYPES:
+        raise unsupported(f"config.json rope_type {rope_type!r} is not supported "
+                          f"(supported: {', '.join(ROPE_TYPES)})")
+    if float(rope.get("partial_rotary_factor", 1.0)) != 1.0:
+        raise unsupported("config.json partial_rotary_factor is not supported (rotary "
+                          "embeddings on the whole head only)")
+    if rope_type == "default":
+        return None
+    scaling = Llama3RopeScaling(
+        factor=float(rope["factor"]), low_freq_factor=float(rope["low_freq_factor"]),
+        high_freq_factor=float(rope["high_freq_factor"]),
+        original_max_position_embeddings=int(rope["original_max_position_embeddings"]))
+    if scaling.high_freq_factor <= scaling.low_freq_factor:
+        raise invalid_arg("config.json rope_scaling high_freq_factor must be greater than "
+                          "low_freq_factor")
+    return scaling
+
+
+def _sliding_window(config: dict[str, Any], model_type: str) -> int | None:
+    """The attention window some layer of the model uses, or None. Qwen2/Qwen3 apply their
+    ``sliding_window`` only with ``use_sliding_window`` and only to layers typed
+    "sliding_attention" (by default those from ``max_window_layers`` on), as HF does."""
     window = config.get("sliding_window")
+    if window is None or model_type == "llama":
+        return None
+    if model_type in ("qwen2", "qwen3"):
+        if not config.get("use_sliding_window", False):
+            return None
+        layer_types = config.get("layer_types")
+        if layer_types is not None:
+            sliding = "sliding_attention" in layer_types
+        else:
+            first_sliding = int(config.get("max_window_layers", 28))  # HF's default
+            sliding = int(config["num_hidden_layers"]) > first_sliding
+        if not sliding:
+            return None
+    return int(window)
+
+
+def _llama_spec(config: dict[str, Any], model_type: str) -> ModelSpec:
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    rope_scaling = _rope_scaling(rope)
+    window = _sliding_window(config, model_type)
     max_positions = int(config["max_position_embeddings"])
-    if window is not None and int(window) < max_positions:
-        raise unsupported("config.json sliding_window is not supported")
+    if window is not None and window < max_positions:
+        raise unsupported(
+            f"config.json sliding_window {window} is shorter than max_position_embeddings "
+            f"{max_positions}: sliding-window attention is not supported (the paged attention "
+            f"attends to every cached position, which would differ from the model beyond "
+            f"{window} tokens)")
+    biased = bool(config.get("attention_bias", False))
+    if model_type == "qwen2":  # biases on q/k/v only, whatever attention_bias says
+        qkv_bias, out_proj_bias = True, False
+    elif model_type == "mistral":  # no biases anywhere
+        qkv_bias = out_proj_bias = False
+    else:
+        qkv_bias = out_proj_bias = biased
     heads = int(config["num_attention_heads"])
     hidden = int(config["hidden_size"])
     head_dim = int(config.get("head_dim") or hidden // heads)
     return ModelSpec(
-        architecture="llama",
+        architecture=model_type,
         vocab_size=int(config["vocab_size"]),
         hidden_size=hidden,
         num_layers=int(config["num_hidden_layers"]),
@@ -108,8 +176,11 @@ def _llama_spec(config: dict[str, Any]) -> ModelSpec:
         hidden_act=str(config.get("hidden_act", "silu")),
         checkpoint_dtype=_checkpoint_dtype(config),
         rope_theta=float(rope.get("rope_theta", config.get("rope_theta", 10000.0))),
-        attention_bias=bool(config.get("attention_bias", False)),
-        mlp_bias=bool(config.get("mlp_bias", False)),
+        rope_scaling=rope_scaling,
+        qkv_bias=qkv_bias,
+        out_proj_bias=out_proj_bias,
+        mlp_bias=model_type == "llama" and bool(config.get("mlp_bias", False)),
+        qk_norm=model_type == "qwen3",
         tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
         attention_scale=head_dim ** -0.5,
         eos_token_id=_eos(config),

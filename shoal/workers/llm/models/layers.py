@@ -45,37 +45,6 @@ def activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
                           f"(supported: {', '.join(sorted(ACTIVATIONS))})") from None
 
 
-class RotaryTable:
-    """cos/sin of every position below ``max_positions`` for rotate-half rotary embeddings
-    (HF's default rope: inv_freq = 1 / theta ** (2i / head_dim), computed in float32)."""
-
-    def __init__(self, head_dim: int, theta: float, max_positions: int, dtype: torch.dtype,
-                 device: str) -> None:
-        exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).to(torch.float32) / head_dim
-        inv_freq = 1.0 / (theta ** exponents)
-        positions = torch.arange(max_positions, dtype=torch.float32)
-        freqs = positions[:, None] * inv_freq[None, :]
-        angles = torch.cat((freqs, freqs), dim=-1)
-        self.cos = angles.cos().to(dtype=dtype, device=device)
-        self.sin = angles.sin().to(dtype=dtype, device=device)
-
-    def at(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin of ``positions`` [T], shaped [T, 1, D] for ``apply``."""
-        return self.cos[positions][:, None, :], self.sin[positions][:, None, :]
-
-    @staticmethod
-    def apply(query: torch.Tensor, key: torch.Tensor,
-              cos_sin: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """query [T, H, D], key [T, Hkv, D]; ``cos_sin`` from ``at``."""
-        cos, sin = cos_sin
-        return (query * cos) + (_rotate_half(query) * sin), (key * cos) + (_rotate_half(key) * sin)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
 def take(weights: dict[str, torch.Tensor], name: str) -> torch.Tensor:
     try:
         return weights.pop(name)

@@ -1,6 +1,9 @@
 """Llama-family decoder (RMSNorm, rotary embeddings, grouped-query attention, SwiGLU) over a
-paged KV cache. Weights come from a ``LlamaForCausalLM`` checkpoint; q/k/v and gate/up
-projections are concatenated at load so each layer runs two matmuls fewer per iteration."""
+paged KV cache. Weights come from a ``LlamaForCausalLM`` checkpoint or one of its relatives, which
+differ only by switches of ``ModelSpec``: ``MistralForCausalLM`` (no biases),
+``Qwen2ForCausalLM`` (``qkv_bias``), ``Qwen3ForCausalLM`` (``qk_norm``), and Llama 3's
+``rope_scaling``. q/k/v and gate/up projections are concatenated at load so each layer runs two
+matmuls fewer per iteration."""
 
 from __future__ import annotations
 
@@ -12,7 +15,8 @@ import torch.nn.functional as F
 from shoal.workers.llm.attention import AttentionBatch, paged_attention
 from shoal.workers.llm.checkpoint import ModelSpec
 from shoal.workers.llm.kv_cache import KvCachePool
-from shoal.workers.llm.models.layers import RotaryTable, activation, rms_norm, take
+from shoal.workers.llm.models.layers import activation, rms_norm, take
+from shoal.workers.llm.models.rope import RotaryTable, inverse_frequencies
 
 
 @dataclass(frozen=True)
@@ -20,6 +24,8 @@ class _Layer:
     input_norm: torch.Tensor
     qkv: torch.Tensor
     qkv_bias: torch.Tensor | None
+    q_norm: torch.Tensor | None  # [head_dim] when spec.qk_norm
+    k_norm: torch.Tensor | None
     out: torch.Tensor
     out_bias: torch.Tensor | None
     post_norm: torch.Tensor
@@ -42,18 +48,18 @@ class LlamaModel:
         else:
             self._lm_head = self._embed
         self._layers = [self._load_layer(weights, i) for i in range(spec.num_layers)]
-        self._rotary = RotaryTable(spec.head_dim, spec.rope_theta, spec.max_position_embeddings,
-                                   dtype, device)
+        inv_freq = inverse_frequencies(spec.head_dim, spec.rope_theta, spec.rope_scaling)
+        self._rotary = RotaryTable(inv_freq, spec.max_position_embeddings, dtype, device)
 
     def _load_layer(self, weights: dict[str, torch.Tensor], index: int) -> _Layer:
         prefix = f"model.layers.{index}."
         attn, mlp = prefix + "self_attn.", prefix + "mlp."
 
-        def bias(name: str, enabled: bool) -> torch.Tensor | None:
+        def optional(name: str, enabled: bool) -> torch.Tensor | None:
             return take(weights, name) if enabled else None
 
         qkv_bias = None
-        if self.spec.attention_bias:
+        if self.spec.qkv_bias:
             qkv_bias = torch.cat([take(weights, f"{attn}{p}_proj.bias") for p in "qkv"])
         gate_up_bias = None
         if self.spec.mlp_bias:
@@ -62,13 +68,15 @@ class LlamaModel:
             input_norm=take(weights, prefix + "input_layernorm.weight"),
             qkv=torch.cat([take(weights, f"{attn}{p}_proj.weight") for p in "qkv"]),
             qkv_bias=qkv_bias,
+            q_norm=optional(attn + "q_norm.weight", self.spec.qk_norm),
+            k_norm=optional(attn + "k_norm.weight", self.spec.qk_norm),
             out=take(weights, attn + "o_proj.weight"),
-            out_bias=bias(attn + "o_proj.bias", self.spec.attention_bias),
+            out_bias=optional(attn + "o_proj.bias", self.spec.out_proj_bias),
             post_norm=take(weights, prefix + "post_attention_layernorm.weight"),
             gate_up=torch.cat([take(weights, f"{mlp}{p}_proj.weight") for p in ("gate", "up")]),
             gate_up_bias=gate_up_bias,
             down=take(weights, mlp + "down_proj.weight"),
-            down_bias=bias(mlp + "down_proj.bias", self.spec.mlp_bias),
+            down_bias=optional(mlp + "down_proj.bias", self.spec.mlp_bias),
         )
 
     def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch,
@@ -86,6 +94,9 @@ class LlamaModel:
             query = qkv[:, :q_size].view(-1, spec.num_heads, spec.head_dim)
             key = qkv[:, q_size:q_size + kv_size].view(-1, spec.num_kv_heads, spec.head_dim)
             value = qkv[:, q_size + kv_size:].view(-1, spec.num_kv_heads, spec.head_dim)
+            if layer.q_norm is not None and layer.k_norm is not None:
+                query = rms_norm(query, layer.q_norm, spec.norm_eps)
+                key = rms_norm(key, layer.k_norm, spec.norm_eps)
             query, key = self._rotary.apply(query, key, cos_sin)
             attended = paged_attention(query, key, value, kv.layer(index), batch,
                                        spec.attention_scale)
