@@ -11,21 +11,14 @@ import pytest
 import torch
 
 from shoal.workers.llm import Executor, ExecutorConfig, Response
+from shoal.workers.llm.tiny_checkpoint import TinyLlamaSpec, build_tiny_llama
 
 VOCAB = 128
 INIT_RANGE = 0.5  # wide enough that greedy outputs vary (0.02 makes tiny models repeat one token)
 
 
 def _build_llama(path: pathlib.Path) -> None:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(1234)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=256, initializer_range=INIT_RANGE,
-                         bos_token_id=1, eos_token_id=2, pad_token_id=0)
-    LlamaForCausalLM(config).save_pretrained(path, safe_serialization=True)
-    _write_tokenizer(path)
+    build_tiny_llama(path, TinyLlamaSpec(vocab_size=VOCAB, init_range=INIT_RANGE))
 
 
 def _build_gpt2(path: pathlib.Path) -> None:
@@ -35,17 +28,6 @@ def _build_gpt2(path: pathlib.Path) -> None:
     config = GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=256,
                         initializer_range=INIT_RANGE, bos_token_id=1, eos_token_id=2)
     GPT2LMHeadModel(config).save_pretrained(path, safe_serialization=True)
-
-
-def _write_tokenizer(path: pathlib.Path) -> None:
-    from tokenizers import Tokenizer
-    from tokenizers.models import WordLevel
-    from tokenizers.pre_tokenizers import Whitespace
-
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2} | {f"w{i}": i for i in range(3, VOCAB)}
-    tokenizer = Tokenizer(WordLevel(vocab, unk_token="<unk>"))
-    tokenizer.pre_tokenizer = Whitespace()
-    tokenizer.save(str(path / "tokenizer.json"))
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,261 @@
+"""The ``llm`` backend: one in-process ``shoal.workers.llm.Executor`` per model instance,
+served as a decoupled model.
+
+``execute`` (worker main thread) turns each request into an executor ``Request`` (see
+``interface.py``), checks it against the executor's limits (a bad request answers at once with
+INVALID_ARG naming the input), enqueues it and returns None: the request stays open. A pump
+thread waits on ``Executor.await_responses`` and streams each response back through
+``InstanceContext.send_response`` as the executor produces it; the executor's final result ends
+the request. The broker never batches for this model (in-flight batching happens in the
+executor, across requests that arrive one by one); ``dynamic_batching`` is refused at load.
+
+Cancellation: the pump polls the worker's cancellation flags (a client that disconnected or
+cancelled: the broker sends ``CancelExecuting``) for every open request each turn (at most
+``_PUMP_WAIT_S`` apart) and cancels the executor request, which frees its KV blocks at the
+start of the executor's next iteration; the request then ends without another response.
+
+KV cache occupancy is published as the custom gauge ``nv_trt_llm_kv_cache_block_metrics``
+(labels ``model``, ``version``, ``kv_cache_block_type`` = max / free / used / tokens_per, as
+TensorRT-LLM's backend names it), so ``/metrics`` shows blocks coming back.
+
+Threads: ``execute``/``load``/``unload`` on the worker's main thread; the pump thread sends
+responses; ``_lock`` guards the open-request table (held across enqueue and registration so a
+response never arrives for an unknown request).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from shoal.errors import ErrorCode, ShoalError, invalid_arg
+from shoal.messages import CustomMetricKind, Error
+from shoal.model_config import is_decoupled
+from shoal.workers.backends.base import (
+    BackendRequest,
+    BackendResponse,
+    CancelProbe,
+    InstanceContext,
+    ResponseSink,
+)
+from shoal.workers.backends.llm.detokenize import IncrementalDetokenizer
+from shoal.workers.backends.llm.interface import (
+    ParsedRequest,
+    client_message,
+    parse_request,
+    tensor_outputs,
+    text_output,
+)
+from shoal.workers.backends.llm.settings import model_parameters, read_settings
+from shoal.workers.custom_metrics import REGISTRY, Family, Series
+from shoal.workers.llm import Executor, Response, Result
+from shoal.workers.llm.validation import request_error
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
+logger = logging.getLogger(__name__)
+
+_PUMP_WAIT_S = 0.05  # longest wait of the pump between two looks at the cancellation flags
+KV_METRIC = "nv_trt_llm_kv_cache_block_metrics"
+
+
+@dataclass
+class _OpenRequest:
+    worker_id: int  # the worker's request id (send_response / is_cancelled)
+    parsed: ParsedRequest
+    detokenizer: IncrementalDetokenizer | None = None
+    cancelled: bool = False
+
+
+@dataclass
+class _KvGauge:
+    family: Family
+    series: dict[str, Series] = field(default_factory=dict)
+    last: dict[str, int] = field(default_factory=dict)
+
+
+class LlmBackend:
+    def __init__(self) -> None:
+        self._executor: Executor | None = None
+        self._tokenizer: Tokenizer | None = None
+        self._eos: int | None = None
+        self._batching = False
+        self._exclude_input = False
+        self._send: ResponseSink | None = None
+        self._is_cancelled: CancelProbe | None = None
+        self._lock = threading.Lock()
+        self._open: dict[int, _OpenRequest] = {}  # executor request id -> open request
+        self._stopping = threading.Event()
+        self._pump: threading.Thread | None = None
+        self._gauge: _KvGauge | None = None
+
+    # ------------------------------------------------------------------ contract
+
+    def load(self, ctx: InstanceContext) -> None:
+        config = ctx.config
+        if not is_decoupled(config):
+            raise invalid_arg("llm backend: the model must be decoupled "
+                              "(model_transaction_policy { decoupled: true })")
+        if config.HasField("dynamic_batching") or config.HasField("sequence_batching"):
+            raise invalid_arg("llm backend: remove dynamic_batching / sequence_batching; the "
+                              "executor batches requests in flight")
+        if ctx.send_response is None or ctx.is_cancelled is None:
+            raise invalid_arg("llm backend: the worker gave no response sink")
+        settings = read_settings(model_parameters(config), ctx.model_dir, ctx.device,
+                                 ctx.backend_settings)
+        executor = Executor(settings.checkpoint_dir, settings.executor_config)
+        self._executor = executor
+        self._tokenizer = executor.tokenizer
+        self._eos = executor.model.spec.eos_token_id
+        self._batching = config.max_batch_size > 0
+        self._exclude_input = settings.exclude_input_in_output
+        self._send, self._is_cancelled = ctx.send_response, ctx.is_cancelled
+        self._gauge = _open_gauge(ctx.model_name, ctx.model_version)
+        self._publish_kv()
+        self._pump = threading.Thread(target=self._pump_loop, name="llm-pump", daemon=True)
+        self._pump.start()
+
+    def execute(self, requests: list[BackendRequest]) -> list[BackendResponse | Error | None]:
+        return [self._submit(request) for request in requests]
+
+    def unload(self) -> None:
+        self._stopping.set()
+        if self._pump is not None:
+            self._pump.join(timeout=10)
+        if self._executor is not None:
+            self._executor.shutdown()
+        if self._gauge is not None:
+            for series in self._gauge.series.values():
+                REGISTRY.close_series(self._gauge.family, series)
+            REGISTRY.close_family(self._gauge.family)
+            self._gauge = None
+
+    # ------------------------------------------------------------------ requests in
+
+    def _submit(self, request: BackendRequest) -> Error | None:
+        executor = self._executor
+        assert executor is not None, "execute() before load()"
+        try:
+            parsed = parse_request(request, batching=self._batching, tokenizer=self._tokenizer,
+                                   eos_token_id=self._eos, exclude_input=self._exclude_input)
+        except ShoalError as exc:
+            return Error(exc.code, exc.message)
+        if parsed.text_form and parsed.request.streaming and \
+                parsed.request.sampling_config.beam_width > 1:
+            return Error(ErrorCode.INVALID_ARG, "input 'beam_width' > 1 cannot stream text "
+                         "(beams change as the search goes); set stream false")
+        problem = request_error(parsed.request, executor.limits)
+        if problem is not None:
+            return Error(ErrorCode.INVALID_ARG, client_message(problem, parsed.field_names))
+        open_request = _OpenRequest(request.request_id, parsed)
+        if parsed.text_form and parsed.request.streaming:
+            assert self._tokenizer is not None
+            open_request.detokenizer = IncrementalDetokenizer(
+                self._tokenizer, parsed.request.input_token_ids)
+        parsed.request.client_id = request.request_id
+        with self._lock:
+            executor_id = executor.enqueue_request(parsed.request)
+            self._open[executor_id] = open_request
+        return None
+
+    # ------------------------------------------------------------------ responses out
+
+    def _pump_loop(self) -> None:
+        executor = self._executor
+        assert executor is not None
+        while not self._stopping.is_set():
+            try:
+                responses = executor.await_responses(timeout=_PUMP_WAIT_S)
+                with self._lock:
+                    for response in responses:
+                        self._deliver(response)
+                    self._forward_cancels(executor)
+                self._publish_kv()
+            except Exception:  # the pump must survive one bad response
+                logger.exception("llm backend: failed to deliver a response")
+
+    def _deliver(self, response: Response) -> None:
+        """Send one executor response to its request (caller holds ``_lock``)."""
+        assert self._send is not None
+        open_request = self._open.get(response.request_id)
+        if open_request is None:
+            return
+        result = response.result
+        final = response.has_error() or (result is not None and result.is_final)
+        if final:
+            del self._open[response.request_id]
+        answer: BackendResponse | Error | None
+        if response.has_error() or result is None:
+            answer = Error(ErrorCode.INTERNAL, response.error_msg or "no result")
+        elif open_request.cancelled:
+            answer = None  # the client is gone: only close the request
+        else:
+            answer = self._answer(open_request, result, final)
+            if answer is None and not final:
+                return  # a held-back partial character: nothing to send yet
+        try:
+            self._send(open_request.worker_id, answer, final)
+        except ShoalError as exc:  # the request was already closed (e.g. warmup timed out)
+            logger.debug("llm backend: response dropped: %s", exc.message)
+
+    def _answer(self, open_request: _OpenRequest, result: Result,
+                final: bool) -> BackendResponse | None:
+        """The response for ``result``; None when a streamed text piece is held back."""
+        parsed = open_request.parsed
+        if not parsed.text_form:
+            return BackendResponse(tensor_outputs(result, batching=self._batching,
+                                                  pad_id=_pad(parsed, self._eos)))
+        beams = result.output_token_ids
+        tokens = beams[0] if beams else []
+        if open_request.detokenizer is not None:
+            text = open_request.detokenizer.push(tokens)
+            if final:
+                text += open_request.detokenizer.flush()
+            if not text and not final:
+                return None
+        else:
+            assert self._tokenizer is not None
+            text = self._tokenizer.decode(tokens, skip_special_tokens=True)
+        return BackendResponse(text_output(text, batching=self._batching))
+
+    def _forward_cancels(self, executor: Executor) -> None:
+        assert self._is_cancelled is not None
+        for executor_id, open_request in self._open.items():
+            if not open_request.cancelled and self._is_cancelled(open_request.worker_id):
+                open_request.cancelled = True
+                executor.cancel_request(executor_id)
+
+    def _publish_kv(self) -> None:
+        gauge, executor = self._gauge, self._executor
+        if gauge is None or executor is None:
+            return
+        blocks = executor.blocks
+        values = {"max": blocks.num_blocks, "free": blocks.free_blocks,
+                  "used": blocks.used_blocks, "tokens_per": blocks.tokens_per_block}
+        for kind, value in values.items():
+            if gauge.last.get(kind) != value:
+                REGISTRY.set(gauge.family, gauge.series[kind], float(value))
+                gauge.last[kind] = value
+
+
+def _pad(parsed: ParsedRequest, eos: int | None) -> int:
+    request = parsed.request
+    for candidate in (request.pad_id, request.end_id, eos):
+        if candidate is not None:
+            return candidate
+    return 0
+
+
+def _open_gauge(model: str, version: int) -> _KvGauge:
+    family = REGISTRY.open_family(
+        KV_METRIC, "KV cache blocks of the LLM executor (max, free, used, tokens per block)",
+        CustomMetricKind.GAUGE)
+    gauge = _KvGauge(family)
+    for kind in ("max", "free", "used", "tokens_per"):
+        gauge.series[kind] = REGISTRY.open_series(
+            family, {"model": model, "version": str(version), "kv_cache_block_type": kind},
+            None)
+    return gauge

@@ -1,0 +1,265 @@
+"""The request / response tensors of an ``llm`` model -> executor ``Request`` and back.
+
+Two forms on the same model (the first input present decides):
+
+- **tensors** (TensorRT-LLM backend names): ``input_ids`` INT32 [-1] (required),
+  ``request_output_len`` INT32 [1] (required), optional ``input_lengths``, ``end_id``,
+  ``pad_id``, ``beam_width``, ``temperature``, ``runtime_top_k``, ``runtime_top_p``,
+  ``random_seed`` (UINT64), ``stop_words_list`` / ``bad_words_list`` (INT32 [2, -1]: token ids,
+  then the end offset of each word, padded with -1), ``streaming``, ``return_log_probs`` (BOOL)
+  -> ``output_ids`` [beams, len], ``sequence_length`` [beams], ``cum_log_probs`` [beams],
+  ``output_log_probs`` [beams, len] (zeros unless ``return_log_probs``). The end id defaults to
+  none (TRT-LLM's preprocessing model supplies it).
+- **text** (Triton ``generate`` users): ``text_input`` BYTES [1] (required), ``max_tokens``
+  (default 16), ``stop_words`` / ``bad_words`` (BYTES [-1]), ``temperature``, ``top_k``,
+  ``top_p``, ``random_seed``, ``beam_width``, ``end_id``, ``stream`` -> ``text_output`` BYTES
+  [1]. Text is tokenized with the checkpoint's ``tokenizer.json``; the end id defaults to the
+  checkpoint's ``eos_token_id``.
+
+When the model batches (``max_batch_size`` > 0) every tensor carries a leading batch dimension,
+which must be 1 (one sequence per request; the executor batches in flight). Problems raise
+INVALID_ARG naming the input.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from shoal.errors import invalid_arg
+from shoal.workers.backends.base import BackendRequest, OutputTensor
+from shoal.workers.llm import OutputConfig, Request, Result, SamplingConfig
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
+TEXT_DEFAULT_MAX_TOKENS = 16
+TEXT_INPUTS = ("text_input", "max_tokens", "stop_words", "bad_words", "top_k", "top_p", "stream")
+TENSOR_INPUTS = ("input_ids", "input_lengths", "request_output_len", "runtime_top_k",
+                 "runtime_top_p", "stop_words_list", "bad_words_list", "streaming",
+                 "return_log_probs")
+
+
+@dataclass(frozen=True)
+class ParsedRequest:
+    request: Request
+    text_form: bool
+    # executor field name -> the name the client used, for error messages
+    field_names: dict[str, str]
+
+
+def parse_request(backend_request: BackendRequest, *, batching: bool,
+                  tokenizer: Tokenizer | None, eos_token_id: int | None,
+                  exclude_input: bool) -> ParsedRequest:
+    inputs = {name: _unbatched(name, array, batching)
+              for name, array in backend_request.inputs.items()}
+    if "text_input" in inputs:
+        stray = sorted(set(inputs) & set(TENSOR_INPUTS))
+        if stray:
+            raise invalid_arg(f"input(s) {', '.join(stray)} belong to the token form; a "
+                              f"text_input request uses max_tokens, stop_words, top_k, ...")
+        if tokenizer is None:
+            raise invalid_arg("text_input needs the checkpoint's tokenizer.json, which this "
+                              "model's checkpoint lacks; send input_ids")
+        return _text_request(inputs, tokenizer, eos_token_id, exclude_input)
+    if "input_ids" not in inputs:
+        raise invalid_arg("the request needs input 'input_ids' (token ids) or 'text_input'")
+    stray = sorted(set(inputs) & set(TEXT_INPUTS))
+    if stray:
+        raise invalid_arg(f"input(s) {', '.join(stray)} belong to the text form; an input_ids "
+                          f"request uses request_output_len, stop_words_list, runtime_top_k, ...")
+    return _tensor_request(inputs, exclude_input)
+
+
+def _unbatched(name: str, array: npt.NDArray[Any], batching: bool) -> npt.NDArray[Any]:
+    array = np.asarray(array)
+    if not batching:
+        return array
+    if array.ndim == 0 or array.shape[0] != 1:
+        raise invalid_arg(f"input '{name}': batch size must be 1 (one sequence per request), "
+                          f"got shape {list(array.shape)}")
+    row: npt.NDArray[Any] = array[0]
+    return row
+
+
+def _scalar(inputs: dict[str, npt.NDArray[Any]], name: str) -> Any:
+    array = inputs.get(name)
+    if array is None:
+        return None
+    if array.size != 1:
+        raise invalid_arg(f"input '{name}' must hold one value, got shape {list(array.shape)}")
+    return array.reshape(-1)[0].item()
+
+
+def _int(inputs: dict[str, npt.NDArray[Any]], name: str) -> int | None:
+    value = _scalar(inputs, name)
+    return None if value is None else int(value)
+
+
+def _float(inputs: dict[str, npt.NDArray[Any]], name: str) -> float | None:
+    value = _scalar(inputs, name)
+    if value is None:
+        return None
+    number = float(value)
+    if not math.isfinite(number):
+        raise invalid_arg(f"input '{name}' must be finite, got {number}")
+    return number
+
+
+def _seed(inputs: dict[str, npt.NDArray[Any]]) -> int | None:
+    return _int(inputs, "random_seed")
+
+
+def _top_k(value: int | None, name: str) -> int | None:
+    if value is not None and value < 0:
+        raise invalid_arg(f"input '{name}' must be >= 0, got {value}")
+    return value
+
+
+def _tensor_request(inputs: dict[str, npt.NDArray[Any]], exclude_input: bool) -> ParsedRequest:
+    ids = [int(t) for t in inputs["input_ids"].reshape(-1)]
+    length = _int(inputs, "input_lengths")
+    if length is not None:
+        if not 0 <= length <= len(ids):
+            raise invalid_arg(f"input 'input_lengths' = {length} is outside 0..{len(ids)} "
+                              f"(the length of input_ids)")
+        ids = ids[:length]
+    max_tokens = _int(inputs, "request_output_len")
+    if max_tokens is None:
+        raise invalid_arg("the request needs input 'request_output_len'")
+    request = Request(
+        ids, max_tokens,
+        streaming=bool(_scalar(inputs, "streaming") or False),
+        sampling_config=SamplingConfig(
+            _int(inputs, "beam_width") or 1,
+            temperature=_float(inputs, "temperature"),
+            top_k=_top_k(_int(inputs, "runtime_top_k"), "runtime_top_k"),
+            top_p=_float(inputs, "runtime_top_p"), seed=_seed(inputs)),
+        output_config=OutputConfig(
+            return_log_probs=bool(_scalar(inputs, "return_log_probs") or False),
+            exclude_input_from_output=exclude_input),
+        end_id=_int(inputs, "end_id"), pad_id=_int(inputs, "pad_id"),
+        stop_words=_word_list(inputs, "stop_words_list"),
+        bad_words=_word_list(inputs, "bad_words_list"))
+    names = {"input_token_ids": "input_ids", "input length": "input_ids length",
+             "max_tokens": "request_output_len",
+             "stop_words": "stop_words_list", "bad_words": "bad_words_list",
+             "sampling_config.top_k": "runtime_top_k", "sampling_config.top_p": "runtime_top_p",
+             "sampling_config.seed": "random_seed"}
+    return ParsedRequest(request, False, names)
+
+
+def _word_list(inputs: dict[str, npt.NDArray[Any]], name: str) -> list[list[int]] | None:
+    array = inputs.get(name)
+    if array is None:
+        return None
+    if array.ndim != 2 or array.shape[0] != 2:
+        raise invalid_arg(f"input '{name}' must have shape [2, N] (token ids, then word end "
+                          f"offsets padded with -1), got {list(array.shape)}")
+    ids = [int(t) for t in array[0]]
+    words: list[list[int]] = []
+    start = 0
+    for end in (int(o) for o in array[1]):
+        if end < 0:
+            break
+        if not start < end <= len(ids):
+            raise invalid_arg(f"input '{name}': word end offset {end} is not after {start} "
+                              f"and within the {len(ids)} token ids")
+        words.append(ids[start:end])
+        start = end
+    return words or None
+
+
+def _text_request(inputs: dict[str, npt.NDArray[Any]], tokenizer: Tokenizer,
+                  eos_token_id: int | None, exclude_input: bool) -> ParsedRequest:
+    prompt = _text(inputs["text_input"], "text_input")
+    if len(prompt) != 1:
+        raise invalid_arg(f"input 'text_input' must hold one string, got {len(prompt)}")
+    if not prompt[0]:
+        raise invalid_arg("input 'text_input' must not be empty")
+    ids: list[int] = tokenizer.encode(prompt[0]).ids
+    max_tokens = _int(inputs, "max_tokens")
+    end_id = _int(inputs, "end_id")
+    request = Request(
+        ids, TEXT_DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
+        streaming=bool(_scalar(inputs, "stream") or False),
+        sampling_config=SamplingConfig(
+            _int(inputs, "beam_width") or 1,
+            temperature=_float(inputs, "temperature"),
+            top_k=_top_k(_int(inputs, "top_k"), "top_k"),
+            top_p=_float(inputs, "top_p"), seed=_seed(inputs)),
+        output_config=OutputConfig(exclude_input_from_output=exclude_input),
+        end_id=eos_token_id if end_id is None else end_id, pad_id=_int(inputs, "pad_id"),
+        stop_words=_text_words(inputs, "stop_words", tokenizer),
+        bad_words=_text_words(inputs, "bad_words", tokenizer))
+    names = {"input_token_ids": "text_input", "input length": "text_input length (tokens)",
+             "sampling_config.top_k": "top_k",
+             "sampling_config.top_p": "top_p", "sampling_config.seed": "random_seed"}
+    return ParsedRequest(request, True, names)
+
+
+def _text(array: npt.NDArray[Any], name: str) -> list[str]:
+    texts: list[str] = []
+    for item in array.reshape(-1):
+        raw = item if isinstance(item, bytes) else str(item).encode()
+        try:
+            texts.append(raw.decode("utf-8"))
+        except UnicodeDecodeError:
+            raise invalid_arg(f"input '{name}' is not valid UTF-8") from None
+    return texts
+
+
+def _text_words(inputs: dict[str, npt.NDArray[Any]], name: str,
+                tokenizer: Tokenizer) -> list[list[int]] | None:
+    array = inputs.get(name)
+    if array is None:
+        return None
+    words: list[list[int]] = []
+    for index, text in enumerate(_text(array, name)):
+        ids: list[int] = tokenizer.encode(text, add_special_tokens=False).ids
+        if not ids:
+            raise invalid_arg(f"input '{name}'[{index}] must not be empty")
+        words.append(ids)
+    return words or None
+
+
+def client_message(message: str, field_names: dict[str, str]) -> str:
+    """An executor validation message in the client's names (``max_tokens`` ->
+    ``request_output_len`` for the tensor form, ...)."""
+    for executor_name, client_name in sorted(field_names.items(), key=lambda kv: -len(kv[0])):
+        message = message.replace(executor_name, client_name)
+    return message
+
+
+# ------------------------------------------------------------------ responses
+
+
+def tensor_outputs(result: Result, *, batching: bool, pad_id: int) -> list[OutputTensor]:
+    """``output_ids`` [beams, len] (shorter beams padded with ``pad_id``), ``sequence_length``,
+    ``cum_log_probs`` and ``output_log_probs`` [beams, generated] (zeros / empty when not asked
+    for); with a leading batch
+    dimension of 1 when the model batches."""
+    beams = result.output_token_ids
+    width = max((len(b) for b in beams), default=0)
+    ids = np.full((len(beams), width), pad_id, dtype=np.int32)
+    for row, beam in enumerate(beams):
+        ids[row, :len(beam)] = beam
+    per_beam = result.log_probs or [[] for _ in beams]  # generated tokens only
+    log_probs = np.zeros((len(beams), max((len(v) for v in per_beam), default=0)), np.float32)
+    for row, values in enumerate(per_beam):
+        log_probs[row, :len(values)] = values
+    lengths = np.array([len(b) for b in beams], dtype=np.int32)
+    cum = np.array(result.cum_log_probs or [0.0] * len(beams), dtype=np.float32)
+    outputs = [("output_ids", "INT32", ids), ("sequence_length", "INT32", lengths),
+               ("cum_log_probs", "FP32", cum), ("output_log_probs", "FP32", log_probs)]
+    return [OutputTensor(name, datatype, array[np.newaxis] if batching else array)
+            for name, datatype, array in outputs]
+
+
+def text_output(text: str, *, batching: bool) -> list[OutputTensor]:
+    array = np.array([text.encode("utf-8")], dtype=np.object_)
+    return [OutputTensor("text_output", "BYTES", array[np.newaxis] if batching else array)]
