@@ -26,6 +26,12 @@ serve-embedding: setup
 	$(BIN)/python examples/embedding_pipeline/build.py
 	$(BIN)/shoal serve --model-repository examples/embedding_pipeline
 
+# The LLM example (examples/llm_repository): build the tiny random Llama, then serve it.
+.PHONY: serve-llm
+serve-llm: setup
+	$(BIN)/python examples/llm_repository/build.py
+	$(BIN)/shoal serve --model-repository examples/llm_repository
+
 test: setup
 	$(BIN)/python -m pytest -q -ra
 
