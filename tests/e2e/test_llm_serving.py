@@ -220,6 +220,34 @@ def test_concurrent_streams_are_independent(llm_server: ShoalServer, tokenizer: 
     assert got == dict(enumerate(expected))
 
 
+def test_tensor_form_stop_words_end_id_and_log_probs(llm_server: ShoalServer, tokenizer: Any,
+                                                     hf_model: Any) -> None:
+    prompt = tokenizer.encode(PROMPTS[4]).ids
+    expected = hf_greedy(hf_model, prompt, 16, None)
+    stop = expected[5]
+    until_stop = expected[:expected.index(stop) + 1]  # a stop word is kept (TRT-LLM)
+    end = expected[3]
+    until_end = expected[:expected.index(end)]  # the end id is not
+    stream = Stream(llm_server)
+    try:
+        words = grpcclient.InferInput("stop_words_list", [1, 2, 1], "INT32")
+        words.set_data_from_numpy(np.array([[[stop], [1]]], np.int32))
+        stream.send([*tensor_inputs(prompt, 16, streaming=False), words])
+        assert stream.tokens() == until_stop
+        stream.send(tensor_inputs(prompt, 16, streaming=False, end_id=end))
+        assert stream.tokens() == until_end
+        log_probs = grpcclient.InferInput("return_log_probs", [1, 1], "BOOL")
+        log_probs.set_data_from_numpy(np.array([[True]]))
+        stream.send([*tensor_inputs(prompt, 16, streaming=False), log_probs])
+        result, error = stream.results.get(timeout=60)
+        assert error is None, error
+        per_token = result.as_numpy("output_log_probs")
+        assert per_token.shape == (1, 1, 16) and (per_token < 0).all()
+        assert result.as_numpy("cum_log_probs")[0, 0] == pytest.approx(per_token.sum(), rel=1e-4)
+    finally:
+        stream.close()
+
+
 # ------------------------------------------------------------------ cancellation
 
 

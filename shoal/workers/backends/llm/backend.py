@@ -193,11 +193,26 @@ class LlmBackend:
         elif open_request.cancelled:
             answer = None  # the client is gone: only close the request
         else:
-            answer = self._answer(open_request, result, final)
+            try:
+                answer = self._answer(open_request, result, final)
+            except Exception as exc:  # fail this request only; the executor stops it
+                logger.exception("llm backend: cannot build a response")
+                answer = Error(ErrorCode.INTERNAL, f"cannot build the response: {exc}")
+                if not final:
+                    assert self._executor is not None
+                    self._executor.cancel_request(response.request_id)
+                    open_request.cancelled = True  # its remaining responses only close it
+                    self._send_quietly(open_request.worker_id, answer, False)
+                    return
             if answer is None and not final:
                 return  # a held-back partial character: nothing to send yet
+        self._send_quietly(open_request.worker_id, answer, final)
+
+    def _send_quietly(self, worker_id: int, answer: BackendResponse | Error | None,
+                      final: bool) -> None:
+        assert self._send is not None
         try:
-            self._send(open_request.worker_id, answer, final)
+            self._send(worker_id, answer, final)
         except ShoalError as exc:  # the request was already closed (e.g. warmup timed out)
             logger.debug("llm backend: response dropped: %s", exc.message)
 
