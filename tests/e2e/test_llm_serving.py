@@ -285,6 +285,9 @@ def test_cancelled_stream_frees_its_kv_blocks(llm_server: ShoalServer, tokenizer
     ({"text_input": "Hello " * MAX_POSITIONS, "max_tokens": 1}, "text_input length"),
     ({"text_input": "Hello", "max_tokens": 4, "top_p": 2.0}, "top_p"),
     ({"text_input": "Hello", "max_tokens": 4, "request_output_len": 4}, "request_output_len"),
+    ({"text_input": "Hello", "max_tokens": "many"}, "max_tokens"),
+    ({"text_input": 7, "max_tokens": 4}, "text_input"),
+    ({"max_tokens": 4}, "text_input"),
 ])
 def test_hostile_generate_requests_are_refused(llm_server: ShoalServer, body: dict[str, Any],
                                                field: str) -> None:
