@@ -158,6 +158,13 @@ def wait_for_kv_blocks(server: ShoalServer, kind: str, wanted: float, timeout: f
         time.sleep(0.1)
 
 
+def wait_until_kv_blocks_are_used(server: ShoalServer) -> None:
+    deadline = time.monotonic() + 10
+    while not (kv_blocks(server, "used") or 0) > 0:  # the gauge lags up to 1 s
+        assert time.monotonic() < deadline, "the running request holds no KV block"
+        time.sleep(0.1)
+
+
 # ------------------------------------------------------------------ greedy == Hugging Face
 
 
@@ -260,10 +267,7 @@ def test_cancelled_stream_frees_its_kv_blocks(llm_server: ShoalServer, tokenizer
         for _ in range(3):
             _, error = stream.results.get(timeout=30)
             assert error is None, error
-        deadline = time.monotonic() + 10
-        while not (kv_blocks(llm_server, "used") or 0) > 0:  # the gauge lags up to 1 s
-            assert time.monotonic() < deadline, "the running request holds no KV block"
-            time.sleep(0.1)
+        wait_until_kv_blocks_are_used(llm_server)
     finally:
         stream.close(cancel=True)
     # left alone it would stream for over 20 s (about 3 ms a token here); cancelled, its
@@ -273,6 +277,20 @@ def test_cancelled_stream_frees_its_kv_blocks(llm_server: ShoalServer, tokenizer
     # and the model serves the next request
     r = generate(llm_server, "generate", {"text_input": PROMPTS[3], "max_tokens": 4})
     assert r.status_code == 200, r.text
+
+
+def test_closed_generate_stream_frees_its_kv_blocks(llm_server: ShoalServer) -> None:
+    body = {"text_input": PROMPTS[5], "max_tokens": MAX_POSITIONS - 16, "stream": True,
+            "end_id": -1}  # no end id: left alone it would run for seconds
+    with httpx.stream("POST", f"{llm_server.base}/v2/models/llm/generate_stream", json=body,
+                      timeout=30) as response:
+        assert response.status_code == 200
+        lines = response.iter_lines()
+        assert next(line for line in lines if line.startswith("data: "))  # it runs
+        wait_until_kv_blocks_are_used(llm_server)
+    # leaving the block closed the connection: the client is gone
+    wait_for_kv_blocks(llm_server, "used", 0, timeout=10)
+    wait_for_kv_blocks(llm_server, "free", NUM_BLOCKS, timeout=5)
 
 
 # ------------------------------------------------------------------ hostile requests

@@ -47,6 +47,14 @@ def test_tensor_form_with_a_batch_dimension_of_one() -> None:
     assert parsed.request.end_id is None  # the tensor form has no default end id
 
 
+def test_end_id_minus_one_means_none() -> None:
+    parsed = parse_request(
+        _request(input_ids=np.array([5]), request_output_len=np.array([4]),
+                 end_id=np.array([-1])),
+        batching=False, tokenizer=None, eos_token_id=2, exclude_input=False)
+    assert parsed.request.end_id is None
+
+
 @pytest.mark.parametrize(("inputs", "named"), [
     ({"input_ids": [[5], [6]], "request_output_len": [[4], [4]]}, "batch size must be 1"),
     ({"input_ids": [[5]]}, "request_output_len"),

@@ -9,7 +9,7 @@ Two forms on the same model (the first input present decides):
   then the end offset of each word, padded with -1), ``streaming``, ``return_log_probs`` (BOOL)
   -> ``output_ids`` [beams, len], ``sequence_length`` [beams], ``cum_log_probs`` [beams],
   ``output_log_probs`` [beams, len] (zeros unless ``return_log_probs``). The end id defaults to
-  none (TRT-LLM's preprocessing model supplies it).
+  none (TRT-LLM's preprocessing model supplies it); ``end_id`` -1 means none in both forms.
 - **text** (Triton ``generate`` users): ``text_input`` BYTES [1] (required), ``max_tokens``
   (default 16), ``stop_words`` / ``bad_words`` (BYTES [-1]), ``temperature``, ``top_k``,
   ``top_p``, ``random_seed``, ``beam_width``, ``end_id``, ``stream`` -> ``text_output`` BYTES
@@ -110,6 +110,14 @@ def _float(inputs: dict[str, npt.NDArray[Any]], name: str) -> float | None:
     return number
 
 
+def _end_id(inputs: dict[str, npt.NDArray[Any]], default: int | None) -> int | None:
+    """``end_id``: absent -> ``default``; -1 -> none (the sequence runs to its length)."""
+    value = _int(inputs, "end_id")
+    if value is None:
+        return default
+    return None if value == -1 else value
+
+
 def _seed(inputs: dict[str, npt.NDArray[Any]]) -> int | None:
     return _int(inputs, "random_seed")
 
@@ -142,7 +150,7 @@ def _tensor_request(inputs: dict[str, npt.NDArray[Any]], exclude_input: bool) ->
         output_config=OutputConfig(
             return_log_probs=bool(_scalar(inputs, "return_log_probs") or False),
             exclude_input_from_output=exclude_input),
-        end_id=_int(inputs, "end_id"), pad_id=_int(inputs, "pad_id"),
+        end_id=_end_id(inputs, None), pad_id=_int(inputs, "pad_id"),
         stop_words=_word_list(inputs, "stop_words_list"),
         bad_words=_word_list(inputs, "bad_words_list"))
     names = {"input_token_ids": "input_ids", "input length": "input_ids length",
@@ -183,7 +191,6 @@ def _text_request(inputs: dict[str, npt.NDArray[Any]], tokenizer: Tokenizer,
         raise invalid_arg("input 'text_input' must not be empty")
     ids: list[int] = tokenizer.encode(prompt[0]).ids
     max_tokens = _int(inputs, "max_tokens")
-    end_id = _int(inputs, "end_id")
     request = Request(
         ids, TEXT_DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
         streaming=bool(_scalar(inputs, "stream") or False),
@@ -193,7 +200,7 @@ def _text_request(inputs: dict[str, npt.NDArray[Any]], tokenizer: Tokenizer,
             top_k=_top_k(_int(inputs, "top_k"), "top_k"),
             top_p=_float(inputs, "top_p"), seed=_seed(inputs)),
         output_config=OutputConfig(exclude_input_from_output=exclude_input),
-        end_id=eos_token_id if end_id is None else end_id, pad_id=_int(inputs, "pad_id"),
+        end_id=_end_id(inputs, eos_token_id), pad_id=_int(inputs, "pad_id"),
         stop_words=_text_words(inputs, "stop_words", tokenizer),
         bad_words=_text_words(inputs, "bad_words", tokenizer))
     names = {"input_token_ids": "text_input", "input length": "text_input length (tokens)",
