@@ -7,10 +7,16 @@ per whitespace-separated word, for tests that work on token ids) and ``byte_leve
 BPE trained here on a small built-in text that includes multi-byte characters, so any UTF-8 text
 round-trips and one character can span several tokens). Both put ``<unk>``/``<pad>`` at 0,
 ``<s>`` at 1 and ``</s>`` at 2, the checkpoint's pad, bos and eos ids.
+
+``tokenizer_config.json`` names those special tokens and, unless ``chat_template`` is False, a
+small chat template (``CHAT_TEMPLATE``: bos, then ``<|role|>`` headers, each message ended by
+eos; unknown roles raise), so Hugging Face's ``AutoTokenizer`` and ``apply_chat_template`` work
+on the directory.
 """
 
 from __future__ import annotations
 
+import json
 import pathlib
 from dataclasses import dataclass
 from typing import Literal
@@ -18,6 +24,13 @@ from typing import Literal
 TokenizerKind = Literal["word_level", "byte_level"]
 
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
+
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% if message['role'] not in ['system', 'user', 'assistant'] %}"
+    "{{ raise_exception('Unknown role: ' + message['role']) }}{% endif %}"
+    "<|{{ message['role'] }}|>\n{{ message['content'] }}{{ eos_token }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
 
 # Training text of the byte-level tokenizer: plain English plus accented, CJK and emoji text, so
 # merges exist for common words and multi-byte characters are split over several tokens.
@@ -47,6 +60,7 @@ class TinyLlamaSpec:
     seed: int = 1234
     init_range: float = 0.5  # wide enough that greedy outputs vary (0.02 repeats one token)
     tokenizer: TokenizerKind = "word_level"
+    chat_template: bool = True  # write CHAT_TEMPLATE into tokenizer_config.json
 
 
 def build_tiny_llama(path: str | pathlib.Path, spec: TinyLlamaSpec = TinyLlamaSpec()) -> int:
@@ -58,6 +72,7 @@ def build_tiny_llama(path: str | pathlib.Path, spec: TinyLlamaSpec = TinyLlamaSp
     directory = pathlib.Path(path)
     directory.mkdir(parents=True, exist_ok=True)
     vocab_size = write_tokenizer(directory, spec.tokenizer, spec.vocab_size)
+    write_tokenizer_config(directory, spec.tokenizer, spec.chat_template)
     torch.manual_seed(spec.seed)
     config = LlamaConfig(
         vocab_size=vocab_size, hidden_size=spec.hidden_size,
@@ -68,6 +83,18 @@ def build_tiny_llama(path: str | pathlib.Path, spec: TinyLlamaSpec = TinyLlamaSp
         pad_token_id=PAD_ID)
     LlamaForCausalLM(config).save_pretrained(directory, safe_serialization=True)
     return vocab_size
+
+
+def write_tokenizer_config(directory: pathlib.Path, kind: TokenizerKind,
+                           chat_template: bool) -> None:
+    """Write ``directory/tokenizer_config.json`` (special tokens, maybe the chat template)."""
+    unk = "<unk>" if kind == "word_level" else "<pad>"
+    config: dict[str, object] = {
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
+        "unk_token": unk, "pad_token": unk, "model_max_length": 1 << 30}
+    if chat_template:
+        config["chat_template"] = CHAT_TEMPLATE
+    (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
 def write_tokenizer(directory: pathlib.Path, kind: TokenizerKind, vocab_size: int) -> int:

@@ -40,9 +40,12 @@ from shoal.workers.backends.base import (
     InstanceContext,
     ResponseSink,
 )
+from shoal.workers.backends.llm.chat_template import ChatTemplate, load_chat_template
 from shoal.workers.backends.llm.detokenize import IncrementalDetokenizer
 from shoal.workers.backends.llm.interface import (
+    COUNT_OUTPUTS,
     ParsedRequest,
+    TextCounts,
     client_message,
     parse_request,
     tensor_outputs,
@@ -50,7 +53,7 @@ from shoal.workers.backends.llm.interface import (
 )
 from shoal.workers.backends.llm.settings import model_parameters, read_settings
 from shoal.workers.custom_metrics import REGISTRY, Family, Series
-from shoal.workers.llm import Executor, Response, Result
+from shoal.workers.llm import Executor, FinishReason, Response, Result
 from shoal.workers.llm.validation import request_error
 
 if TYPE_CHECKING:
@@ -68,6 +71,8 @@ class _OpenRequest:
     parsed: ParsedRequest
     detokenizer: IncrementalDetokenizer | None = None
     cancelled: bool = False
+    counted_outputs: tuple[str, ...] = ()  # of COUNT_OUTPUTS, those the client asked for
+    generated: int = 0  # tokens generated so far (beam 0), for completion_tokens
 
 
 @dataclass
@@ -81,6 +86,7 @@ class LlmBackend:
     def __init__(self) -> None:
         self._executor: Executor | None = None
         self._tokenizer: Tokenizer | None = None
+        self._chat_template: ChatTemplate | None = None
         self._eos: int | None = None
         self._batching = False
         self._exclude_input = False
@@ -109,6 +115,7 @@ class LlmBackend:
         executor = Executor(settings.checkpoint_dir, settings.executor_config)
         self._executor = executor
         self._tokenizer = executor.tokenizer
+        self._chat_template = load_chat_template(settings.checkpoint_dir)
         self._eos = executor.model.spec.eos_token_id
         self._batching = config.max_batch_size > 0
         self._exclude_input = settings.exclude_input_in_output
@@ -140,7 +147,8 @@ class LlmBackend:
         assert executor is not None, "execute() before load()"
         try:
             parsed = parse_request(request, batching=self._batching, tokenizer=self._tokenizer,
-                                   eos_token_id=self._eos, exclude_input=self._exclude_input)
+                                   eos_token_id=self._eos, exclude_input=self._exclude_input,
+                                   chat_template=self._chat_template)
         except ShoalError as exc:
             return Error(exc.code, exc.message)
         if parsed.text_form and parsed.request.streaming and \
@@ -150,7 +158,8 @@ class LlmBackend:
         problem = request_error(parsed.request, executor.limits)
         if problem is not None:
             return Error(ErrorCode.INVALID_ARG, client_message(problem, parsed.field_names))
-        open_request = _OpenRequest(request.request_id, parsed)
+        open_request = _OpenRequest(request.request_id, parsed, counted_outputs=tuple(
+            name for name in COUNT_OUTPUTS if name in request.requested_outputs))
         if parsed.text_form and parsed.request.streaming:
             assert self._tokenizer is not None
             open_request.detokenizer = IncrementalDetokenizer(
@@ -225,6 +234,12 @@ class LlmBackend:
                                                   pad_id=_pad(parsed, self._eos)))
         beams = result.output_token_ids
         tokens = beams[0] if beams else []
+        request = parsed.request
+        if request.streaming:
+            open_request.generated += len(tokens)
+        else:  # the whole sequence, after the prompt unless that is excluded
+            open_request.generated = len(tokens) - (
+                0 if self._exclude_input else len(request.input_token_ids))
         if open_request.detokenizer is not None:
             text = open_request.detokenizer.push(tokens)
             if final:
@@ -234,7 +249,14 @@ class LlmBackend:
         else:
             assert self._tokenizer is not None
             text = self._tokenizer.decode(tokens, skip_special_tokens=True)
-        return BackendResponse(text_output(text, batching=self._batching))
+        if not open_request.counted_outputs:
+            return BackendResponse(text_output(text, batching=self._batching))
+        reason = (result.finish_reasons[0] if final and result.finish_reasons
+                  else FinishReason.NOT_FINISHED)
+        counts = TextCounts(len(request.input_token_ids),
+                            open_request.generated + (reason is FinishReason.END_ID), reason)
+        return BackendResponse(text_output(text, batching=self._batching, counts=counts,
+                                           requested=open_request.counted_outputs))
 
     def _forward_cancels(self, executor: Executor) -> None:
         assert self._is_cancelled is not None

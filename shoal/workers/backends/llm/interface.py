@@ -14,7 +14,16 @@ Two forms on the same model (the first input present decides):
   (default 16), ``stop_words`` / ``bad_words`` (BYTES [-1]), ``temperature``, ``top_k``,
   ``top_p``, ``random_seed``, ``beam_width``, ``end_id``, ``stream`` -> ``text_output`` BYTES
   [1]. Text is tokenized with the checkpoint's ``tokenizer.json``; the end id defaults to the
-  checkpoint's ``eos_token_id``.
+  checkpoint's ``eos_token_id``. Instead of ``text_input`` a request may send ``messages``
+  BYTES [1]: a JSON array of chat messages, rendered with the checkpoint's chat template
+  (``chat_template.py``) and tokenized without added special tokens (the template places them),
+  as Hugging Face's ``apply_chat_template(..., add_generation_prompt=True)`` does.
+  Three more outputs come only when the request names them among its requested outputs (the
+  OpenAI-compatible frontend does; ``generate`` answers stay ``text_output`` alone):
+  ``prompt_tokens`` INT32 [1] (the prompt's token count), ``completion_tokens`` INT32 [1]
+  (tokens generated so far, counting the end id that finished the sequence) and
+  ``finish_reason`` BYTES [1] (``""`` until the last response, then ``stop`` for the end id or a
+  stop word, ``length``, or ``cancelled`` / ``timed_out``).
 
 When the model batches (``max_batch_size`` > 0) every tensor carries a leading batch dimension,
 which must be 1 (one sequence per request; the executor batches in flight). Problems raise
@@ -32,13 +41,16 @@ import numpy.typing as npt
 
 from shoal.errors import invalid_arg
 from shoal.workers.backends.base import BackendRequest, OutputTensor
-from shoal.workers.llm import OutputConfig, Request, Result, SamplingConfig
+from shoal.workers.llm import FinishReason, OutputConfig, Request, Result, SamplingConfig
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
+    from shoal.workers.backends.llm.chat_template import ChatTemplate
+
 TEXT_DEFAULT_MAX_TOKENS = 16
-TEXT_INPUTS = ("text_input", "max_tokens", "stop_words", "bad_words", "top_k", "top_p", "stream")
+TEXT_INPUTS = ("text_input", "messages", "max_tokens", "stop_words", "bad_words", "top_k",
+               "top_p", "stream")
 TENSOR_INPUTS = ("input_ids", "input_lengths", "request_output_len", "runtime_top_k",
                  "runtime_top_p", "stop_words_list", "bad_words_list", "streaming",
                  "return_log_probs")
@@ -54,10 +66,11 @@ class ParsedRequest:
 
 def parse_request(backend_request: BackendRequest, *, batching: bool,
                   tokenizer: Tokenizer | None, eos_token_id: int | None,
-                  exclude_input: bool) -> ParsedRequest:
+                  exclude_input: bool, chat_template: ChatTemplate | None = None
+                  ) -> ParsedRequest:
     inputs = {name: _unbatched(name, array, batching)
               for name, array in backend_request.inputs.items()}
-    if "text_input" in inputs:
+    if "text_input" in inputs or "messages" in inputs:
         stray = sorted(set(inputs) & set(TENSOR_INPUTS))
         if stray:
             raise invalid_arg(f"input(s) {', '.join(stray)} belong to the token form; a "
@@ -65,9 +78,10 @@ def parse_request(backend_request: BackendRequest, *, batching: bool,
         if tokenizer is None:
             raise invalid_arg("text_input needs the checkpoint's tokenizer.json, which this "
                               "model's checkpoint lacks; send input_ids")
-        return _text_request(inputs, tokenizer, eos_token_id, exclude_input)
+        return _text_request(inputs, tokenizer, eos_token_id, exclude_input, chat_template)
     if "input_ids" not in inputs:
-        raise invalid_arg("the request needs input 'input_ids' (token ids) or 'text_input'")
+        raise invalid_arg("the request needs input 'input_ids' (token ids), 'text_input' or "
+                          "'messages'")
     stray = sorted(set(inputs) & set(TEXT_INPUTS))
     if stray:
         raise invalid_arg(f"input(s) {', '.join(stray)} belong to the text form; an input_ids "
@@ -182,14 +196,40 @@ def _word_list(inputs: dict[str, npt.NDArray[Any]], name: str) -> list[list[int]
     return words or None
 
 
+def _one_text(inputs: dict[str, npt.NDArray[Any]], name: str) -> str:
+    texts = _text(inputs[name], name)
+    if len(texts) != 1:
+        raise invalid_arg(f"input '{name}' must hold one string, got {len(texts)}")
+    if not texts[0]:
+        raise invalid_arg(f"input '{name}' must not be empty")
+    return texts[0]
+
+
+def _prompt_ids(inputs: dict[str, npt.NDArray[Any]], tokenizer: Tokenizer,
+                chat_template: ChatTemplate | None) -> list[int]:
+    """The prompt's token ids: ``text_input`` encoded as is, or ``messages`` through the chat
+    template (encoded without added special tokens, as ``apply_chat_template`` does)."""
+    if "messages" not in inputs:
+        ids: list[int] = tokenizer.encode(_one_text(inputs, "text_input")).ids
+        return ids
+    if "text_input" in inputs:
+        raise invalid_arg("send either input 'text_input' or 'messages', not both")
+    from shoal.workers.backends.llm.chat_template import parse_messages
+
+    messages = parse_messages(_one_text(inputs, "messages"))
+    if chat_template is None:
+        raise invalid_arg("input 'messages' needs a chat template, and this model's checkpoint "
+                          "has none (tokenizer_config.json 'chat_template' or "
+                          "chat_template.jinja); send text_input")
+    chat_ids: list[int] = tokenizer.encode(chat_template.render(messages),
+                                           add_special_tokens=False).ids
+    return chat_ids
+
+
 def _text_request(inputs: dict[str, npt.NDArray[Any]], tokenizer: Tokenizer,
-                  eos_token_id: int | None, exclude_input: bool) -> ParsedRequest:
-    prompt = _text(inputs["text_input"], "text_input")
-    if len(prompt) != 1:
-        raise invalid_arg(f"input 'text_input' must hold one string, got {len(prompt)}")
-    if not prompt[0]:
-        raise invalid_arg("input 'text_input' must not be empty")
-    ids: list[int] = tokenizer.encode(prompt[0]).ids
+                  eos_token_id: int | None, exclude_input: bool,
+                  chat_template: ChatTemplate | None) -> ParsedRequest:
+    ids = _prompt_ids(inputs, tokenizer, chat_template)
     max_tokens = _int(inputs, "max_tokens")
     request = Request(
         ids, TEXT_DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
@@ -203,7 +243,8 @@ def _text_request(inputs: dict[str, npt.NDArray[Any]], tokenizer: Tokenizer,
         end_id=_end_id(inputs, eos_token_id), pad_id=_int(inputs, "pad_id"),
         stop_words=_text_words(inputs, "stop_words", tokenizer),
         bad_words=_text_words(inputs, "bad_words", tokenizer))
-    names = {"input_token_ids": "text_input", "input length": "text_input length (tokens)",
+    prompt_name = "messages" if "messages" in inputs else "text_input"
+    names = {"input_token_ids": prompt_name, "input length": f"{prompt_name} length (tokens)",
              "sampling_config.top_k": "top_k",
              "sampling_config.top_p": "top_p", "sampling_config.seed": "random_seed"}
     return ParsedRequest(request, True, names)
@@ -267,6 +308,34 @@ def tensor_outputs(result: Result, *, batching: bool, pad_id: int) -> list[Outpu
             for name, datatype, array in outputs]
 
 
-def text_output(text: str, *, batching: bool) -> list[OutputTensor]:
-    array = np.array([text.encode("utf-8")], dtype=np.object_)
-    return [OutputTensor("text_output", "BYTES", array[np.newaxis] if batching else array)]
+COUNT_OUTPUTS = ("prompt_tokens", "completion_tokens", "finish_reason")
+_FINISH_REASONS = {FinishReason.NOT_FINISHED: "", FinishReason.END_ID: "stop",
+                   FinishReason.STOP_WORDS: "stop", FinishReason.LENGTH: "length",
+                   FinishReason.TIMED_OUT: "timed_out", FinishReason.CANCELLED: "cancelled"}
+
+
+@dataclass(frozen=True)
+class TextCounts:
+    """What ``prompt_tokens`` / ``completion_tokens`` / ``finish_reason`` report."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: FinishReason
+
+
+def text_output(text: str, *, batching: bool, counts: TextCounts | None = None,
+                requested: list[str] | tuple[str, ...] = ()) -> list[OutputTensor]:
+    """``text_output``, plus those of ``COUNT_OUTPUTS`` named in ``requested`` (``counts``
+    must then be given)."""
+    outputs: list[tuple[str, str, npt.NDArray[Any]]] = [
+        ("text_output", "BYTES", np.array([text.encode("utf-8")], dtype=np.object_))]
+    if counts is not None:
+        values: dict[str, npt.NDArray[Any]] = {
+            "prompt_tokens": np.array([counts.prompt_tokens], np.int32),
+            "completion_tokens": np.array([counts.completion_tokens], np.int32),
+            "finish_reason": np.array([_FINISH_REASONS[counts.finish_reason].encode()],
+                                      dtype=np.object_)}
+        outputs += [(name, "BYTES" if name == "finish_reason" else "INT32", values[name])
+                    for name in COUNT_OUTPUTS if name in requested]
+    return [OutputTensor(name, datatype, array[np.newaxis] if batching else array)
+            for name, datatype, array in outputs]
