@@ -135,6 +135,21 @@ def test_routes_have_tritons_categories() -> None:
         assert table.get(path) is category, path
 
 
+# the OpenAI-compatible routes (not Triton's): listing is metadata, completions are inference
+OPENAI_CATEGORIES = {
+    "/v1/models": ApiCategory.METADATA,
+    "/v1/models/{model}": ApiCategory.METADATA,
+    "/v1/completions": ApiCategory.INFERENCE,
+    "/v1/chat/completions": ApiCategory.INFERENCE,
+}
+
+
+def test_openai_routes_have_their_categories() -> None:
+    table = {route.path: route.category for route in api_routes(OPEN)}
+    for path, category in OPENAI_CATEGORIES.items():
+        assert table.get(path) is category, path
+
+
 def test_a_route_without_a_category_is_refused_at_construction() -> None:
     async def endpoint(request: Request) -> Response:
         return Response()

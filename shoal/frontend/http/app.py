@@ -37,6 +37,7 @@ from shoal.frontend.http.generate import GenerateHandler
 from shoal.frontend.http.infer import InferHandler, read_body
 from shoal.frontend.http.jsonparse import parse_json_object
 from shoal.frontend.http.log_settings import LogSettings, ProcessLogSettings
+from shoal.frontend.http.openai_api.routes import OpenAiApi
 from shoal.frontend.http.restricted import ApiRoute, gate_routes
 from shoal.frontend.http.shared_memory import SharedMemoryApi
 from shoal.frontend.http.trace_api import TraceApi
@@ -272,6 +273,7 @@ def _routes(api: HttpApi, infer: Endpoint) -> list[BaseRoute]:
                                methods=["POST"], category=ApiCategory.MODEL_REPOSITORY))
     routes += _model_routes("/v2/models/{model}", api, infer)
     routes += _model_routes("/v2/models/{model}/versions/{version:int}", api, infer)
+    routes += OpenAiApi(api.dataplane, api.settings.http_max_input_size).routes()  # /v1/...
     return routes
 
 
