@@ -193,6 +193,11 @@ def test_hostile_requests_get_openai_errors(llm_server: ShoalServer, route: str,
         assert error["code"] == "model_not_found"
 
 
+def test_prompt_longer_than_the_context_is_400(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError, match="exceeds the maximum sequence length"):
+        client.completions.create(model="llm", prompt="x " * 9000, max_tokens=4)
+
+
 def test_bad_json_is_400_and_the_model_keeps_serving(llm_server: ShoalServer,  # noqa: F811
                                                      client: openai.OpenAI) -> None:
     r = httpx.post(f"{llm_server.base}/v1/chat/completions", content=b"{not json",
