@@ -30,7 +30,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 
 from shoal.errors import ErrorCode, ShoalError
-from shoal.frontend.http.errors import JSON_CONTENT_TYPE, internal_error_response
+from shoal.frontend.http.errors import INTERNAL_ERROR_MESSAGE, JSON_CONTENT_TYPE
 from shoal.frontend.http.generate import SSE_CONTENT_TYPE
 from shoal.frontend.http.infer import read_body
 from shoal.frontend.http.openai_api.errors import (
@@ -75,8 +75,9 @@ def openai_guarded(endpoint: Endpoint) -> Endpoint:
         except ClientDisconnect:
             return Response(status_code=400)
         except Exception as exc:
-            internal_error_response(exc, f"{request.method} {request.url.path}")  # logs it
-            return _json(error_document(500, "internal error"), 500)
+            logger.error("unexpected error in %s %s", request.method, request.url.path,
+                         exc_info=exc)
+            return _json(error_document(500, INTERNAL_ERROR_MESSAGE), 500)
 
     return run
 
