@@ -31,6 +31,14 @@ def percentile_us(counts: Sequence[int], quantile: float,
     buckets over ``bounds`` plus the overflow bucket), in µs; None when ``counts`` is empty."""
     if not 0.0 < quantile <= 1.0:
         raise ValueError(f"quantile must be in (0, 1], got {quantile}")
+    return bucket_quantile_us(counts, quantile, bounds)
+
+
+def bucket_quantile_us(counts: Sequence[int], quantile: float,
+                       bounds: Sequence[int] = LATENCY_BUCKET_BOUNDS_US) -> float | None:
+    """As ``percentile_us`` for any ``quantile`` in [0, 1] (0: the lower bound of the first
+    non-empty bucket), unchecked; None when ``counts`` is empty. Shared with the metrics'
+    summaries."""
     total = sum(counts)
     if total <= 0:
         return None
@@ -44,6 +52,6 @@ def percentile_us(counts: Sequence[int], quantile: float,
                 return float(bounds[-1])
             lower = float(bounds[index - 1]) if index > 0 else 0.0
             upper = float(bounds[index])
-            return lower + (upper - lower) * (rank - seen) / count
+            return lower + (upper - lower) * max(rank - seen, 0.0) / count
         seen += count
     return float(bounds[-1])

@@ -30,6 +30,7 @@ from prometheus_client.metrics_core import Metric
 
 from shoal.frontend.metrics.exposition import number
 from shoal.messages import LATENCY_BUCKET_BOUNDS_US, Duration, LatencyHistogram, ModelStats
+from shoal.ops.percentiles import bucket_quantile_us, histogram_delta
 
 FIRST_RESPONSE_BUCKETS_MS: Final = (100, 500, 2000, 5000)  # Triton's default buckets
 
@@ -73,30 +74,8 @@ def quantile_us(counts: Sequence[int], quantile: float,
                 bounds_us: Sequence[int] = LATENCY_BUCKET_BOUNDS_US) -> float:
     """The ``quantile`` (0..1) of the durations in per-bucket ``counts`` (linear inside the
     bucket that holds its rank; the overflow bucket reads as the last bound); NaN if none."""
-    total = sum(counts)
-    if total <= 0:
-        return math.nan
-    rank = quantile * total
-    seen = 0
-    for index, count in enumerate(counts):
-        if count <= 0:
-            continue
-        if seen + count >= rank:
-            if index >= len(bounds_us):
-                return float(bounds_us[-1])
-            lower = float(bounds_us[index - 1]) if index > 0 else 0.0
-            return lower + (float(bounds_us[index]) - lower) * max(rank - seen, 0.0) / count
-        seen += count
-    return float(bounds_us[-1])
-
-
-def _delta(newer: Sequence[int], older: Sequence[int] | None) -> list[int]:
-    """Counts added since ``older``; all of ``newer`` when there is no older reading or the
-    counts went down (the version was reloaded in between)."""
-    if not older or len(older) != len(newer) or any(
-            n < o for n, o in zip(newer, older, strict=True)):
-        return list(newer)
-    return [n - o for n, o in zip(newer, older, strict=True)]
+    value = bucket_quantile_us(counts, quantile, bounds_us)
+    return math.nan if value is None else value
 
 
 class SummaryWindows:
@@ -128,7 +107,8 @@ class SummaryWindows:
             if not self._readings:
                 return None
             baseline = self._readings[0][1].get((stats.name, stats.version))
-        return [_delta(histogram(stats).counts, baseline[i] if baseline is not None else None)
+        return [histogram_delta(histogram(stats).counts,
+                                baseline[i] if baseline is not None else [])
                 for i, (_, _, histogram, _) in enumerate(SUMMARIES)]
 
 
