@@ -114,7 +114,8 @@ class SharedMemoryStats(msgspec.Struct, kw_only=True):
 
 
 class LlmStats(msgspec.Struct, kw_only=True):
-    """An LLM model served with paged KV cache. Not served over the network yet: always empty."""
+    """An LLM model served with paged KV cache. Always empty so far: the
+    llm backend's figures are not fed to the sampler yet."""
 
     name: str
     version: int
