@@ -116,6 +116,9 @@ class ShoalServer:
         )
         log.close()
 
+    # headers of the readiness probe (e.g. a restricted health endpoint's credentials)
+    ready_headers: dict[str, str] = {}  # read-only: a subclass replaces it
+
     def wait_ready(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -123,7 +126,8 @@ class ShoalServer:
             if self.process.poll() is not None:
                 raise RuntimeError(f"shoal exited with {self.process.returncode}:\n{self.log()}")
             try:
-                if httpx.get(f"{self.base}/v2/health/ready", timeout=1).status_code == 200:
+                if httpx.get(f"{self.base}/v2/health/ready", headers=self.ready_headers,
+                             timeout=1).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass

@@ -86,21 +86,7 @@ def route_requests() -> list[tuple[str, str, ApiCategory]]:
 class RestrictedServer(ShoalServer):
     """Waits for readiness with the health header (health is restricted)."""
 
-    def wait_ready(self, timeout: float = 60.0) -> None:
-        key, value = HTTP_KEYS[ApiCategory.HEALTH]
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.process is not None
-            if self.process.poll() is not None:
-                raise RuntimeError(f"shoal exited with {self.process.returncode}:\n{self.log()}")
-            try:
-                if httpx.get(f"{self.base}/v2/health/ready", headers={key: value},
-                             timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise TimeoutError(f"shoal not ready after {timeout}s:\n{self.log()}")
+    ready_headers = dict([HTTP_KEYS[ApiCategory.HEALTH]])
 
 
 @pytest.fixture(scope="module")
