@@ -150,21 +150,11 @@ class Server:
 
 @contextlib.contextmanager
 def shoal_server(repo: pathlib.Path, root: pathlib.Path) -> Iterator[Server]:
-    http, grpc, metrics = servers.free_port(), servers.free_port(), servers.free_port()
-    shoal = servers.ROOT / ".venv" / "bin" / "shoal"
-    command = [*([str(shoal)] if shoal.exists() else [sys.executable, "-m", "shoal"]), "serve",
-               f"--model-repository={repo}", f"--http-port={http}", f"--grpc-port={grpc}",
-               f"--metrics-port={metrics}", "--http-address=127.0.0.1",
-               "--grpc-address=127.0.0.1", "--model-control-mode=explicit",
-               f"--load-model={MODEL}"]
     workdir = root / "server"
     workdir.mkdir()
-    log = workdir / "shoal.log"
-    with open(log, "wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
-    server = servers.Server("shoal", http, process, workdir, log)
+    server = servers.launch_shoal(repo, workdir, ["--model-control-mode=explicit",
+                                                  f"--load-model={MODEL}"], MODEL)
     try:
-        servers.wait_ready(f"http://127.0.0.1:{http}/v2/models/{MODEL}/ready", process)
         yield Server(server)
     finally:
         server.stop()

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import psutil
@@ -110,6 +111,29 @@ def start_shoal(workdir: pathlib.Path, delay_us: int, http_workers: int = 1) -> 
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
     wait_ready(f"http://127.0.0.1:{port}/v2/health/ready", process)
     return Server("shoal", port, process, workdir, log, {"metrics": metrics})
+
+
+def launch_shoal(repo: pathlib.Path, workdir: pathlib.Path, flags: Sequence[str],
+                 ready_model: str) -> Server:
+    """``shoal serve`` over ``repo`` on free loopback ports (HTTP, gRPC, metrics) with ``flags``,
+    logging to ``workdir/shoal.log``; returns once ``ready_model`` is ready."""
+    http, grpc, metrics = free_port(), free_port(), free_port()
+    shoal = ROOT / ".venv" / "bin" / "shoal"
+    command = [*([str(shoal)] if shoal.exists() else [sys.executable, "-m", "shoal"]), "serve",
+               f"--model-repository={repo}", f"--http-port={http}", f"--grpc-port={grpc}",
+               f"--metrics-port={metrics}", "--http-address=127.0.0.1",
+               "--grpc-address=127.0.0.1", *flags]
+    log = workdir / "shoal.log"
+    with open(log, "wb") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+    server = Server("shoal", http, process, workdir, log, {"metrics": metrics, "grpc": grpc})
+    try:
+        wait_ready(f"http://127.0.0.1:{http}/v2/models/{ready_model}/ready", process)
+    except BaseException:  # not ready: stop it, keep the workdir (its log says why)
+        process.terminate()
+        process.wait(timeout=60)
+        raise
+    return server
 
 
 def start_mlserver(workdir: pathlib.Path, venv: pathlib.Path, delay_us: int) -> Server:

@@ -50,21 +50,13 @@ SETTINGS: list[tuple[str, list[str]]] = [
 @contextlib.contextmanager
 def shoal_server(repo: pathlib.Path, workdir: pathlib.Path, trace_flags: list[str]
                  ) -> Iterator[servers.Server]:
-    http, grpc, metrics = servers.free_port(), servers.free_port(), servers.free_port()
-    shoal = servers.ROOT / ".venv" / "bin" / "shoal"
     trace_file = workdir / "trace.json"
-    command = [*([str(shoal)] if shoal.exists() else [sys.executable, "-m", "shoal"]), "serve",
-               f"--model-repository={repo}", f"--http-port={http}", f"--grpc-port={grpc}",
-               f"--metrics-port={metrics}", "--http-address=127.0.0.1",
-               "--grpc-address=127.0.0.1", f"--trace-config=triton,file={trace_file}",
-               "--trace-config=triton,log-frequency=1000",
-               *(f"--trace-config={flag}" for flag in trace_flags)]
-    log = workdir / "shoal.log"
-    with open(log, "wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
-    server = servers.Server("shoal", http, process, workdir, log)
+    server = servers.launch_shoal(
+        repo, workdir, [f"--trace-config=triton,file={trace_file}",
+                        "--trace-config=triton,log-frequency=1000",
+                        *(f"--trace-config={flag}" for flag in trace_flags)], MODEL)
+    process = server.process
     try:
-        servers.wait_ready(f"http://127.0.0.1:{http}/v2/models/{MODEL}/ready", process)
         yield server
     finally:
         if process.poll() is None:  # stop, keep the workdir (the trace files are counted)
