@@ -79,3 +79,14 @@ bench-dashboard: setup
 .PHONY: bench-trace
 bench-trace: setup
 	$(BIN)/python -m bench.trace_bench $(BENCH_TRACE_ARGS)
+
+# LLM serving: shoal vs vLLM's CPU build vs `transformers serve --continuous-batching` through the
+# OpenAI API at 1 / 8 / 32 streaming clients, plus shoal's in-process Executor; writes its section
+# of bench/RESULTS.md. The peers live in their own virtualenvs outside the repository
+# (LLM_PEERS, default /work/peers): `make bench-llm-peers` installs them (~4.5 GB).
+.PHONY: bench-llm bench-llm-peers
+bench-llm: setup
+	$(BIN)/python -m bench.llm_serving_bench $(BENCH_LLM_ARGS)
+
+bench-llm-peers:
+	bash bench/llm_peers_install.sh all
