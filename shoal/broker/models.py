@@ -19,11 +19,14 @@ from dataclasses import dataclass
 
 import msgspec
 from google.protobuf import json_format
+from tritonclient.grpc.model_config_pb2 import ModelConfig
 
 from shoal.broker.ensemble import ensemble_readiness
 from shoal.broker.lifecycle.materialize import materialize
 from shoal.broker.lifecycle.records import Generation, LoadCommand, ModelRecord
+from shoal.broker.llm_stats import sum_llm_stats
 from shoal.broker.model_runtime import InstanceSlot, ModelVersionRuntime, build_runtime
+from shoal.broker.pool import WorkerState
 from shoal.broker.repository import ModelSource, discover_models, load_model_source
 from shoal.errors import ShoalError, invalid_arg
 from shoal.load_overrides import (
@@ -32,6 +35,7 @@ from shoal.load_overrides import (
     parse_config_override,
 )
 from shoal.messages import (
+    LlmStats,
     ModelLoadStats,
     ModelStats,
     ModelVersionInfo,
@@ -39,8 +43,9 @@ from shoal.messages import (
     RepositorySnapshot,
     WorkerSpec,
 )
-from shoal.model_config import config_from_json
+from shoal.model_config import backend_name, config_from_json
 from shoal.settings import Settings
+from shoal.workers.backends.onnxruntime.autocomplete import onnx_auto_complete
 from shoal.workers.devices import visible_gpu_count
 
 logger = logging.getLogger(__name__)
@@ -97,6 +102,16 @@ class ModelManager:
         self._generation_ids = itertools.count(1)
         self.gpu_count = visible_gpu_count()
 
+    def auto_complete(self, model_dir: str, config: ModelConfig) -> ModelConfig:
+        """The backend's auto-complete: the onnxruntime backend's from the ONNX graph, else the
+        python backend's ``auto_complete_config`` (a no-op for a model without one)."""
+        if backend_name(config) == "onnxruntime":
+            default_max_batch = int(self.settings.backend_setting(
+                "onnxruntime", "default-max-batch-size", "4"))
+            return onnx_auto_complete(model_dir, config, default_max_batch)
+        completed: ModelConfig = python_auto_complete(model_dir, config)  # type: ignore[assignment]
+        return completed
+
     # ------------------------------------------------------------------ repository
 
     def discover(self) -> None:
@@ -134,7 +149,7 @@ class ModelManager:
             source = load_model_source(
                 name, model_dir, os.path.dirname(model_dir),
                 default_max_batch_size=self.settings.default_max_batch_size,
-                gpu_count=self.gpu_count, auto_complete=python_auto_complete,  # type: ignore[arg-type]
+                gpu_count=self.gpu_count, auto_complete=self.auto_complete,
                 disable_auto_complete=self.settings.disable_auto_complete_config,
                 config_override=config_override)
             return SourceRead(source, materialized_dir=materialized)
@@ -257,8 +272,15 @@ class ModelManager:
             return sum(len(k) for k in r.batches.values()) + sum(
                 len(s.worker.streams) for s in r.instances if s.worker is not None)
 
+        def llm(r: ModelVersionRuntime) -> LlmStats | None:
+            return sum_llm_stats(
+                s.worker.llm for s in r.instances if s.worker is not None
+                and s.worker.state not in (WorkerState.STOPPING, WorkerState.DEAD))
+
         shown = [r for record in self.records.values() for r in record.visible()]
-        return [r.stats.snapshot(pending(r), in_flight(r),
-                                 {s.instance_name: s.restarts for s in r.instances})
+        return [msgspec.structs.replace(
+                    r.stats.snapshot(pending(r), in_flight(r),
+                                     {s.instance_name: s.restarts for s in r.instances}),
+                    llm=llm(r))
                 for r in shown
                 if (not model or r.name == model) and (version < 0 or r.version == version)]

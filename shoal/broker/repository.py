@@ -192,7 +192,7 @@ def _infer_backend(config: ModelConfig, model_dir: str, versions: Sequence[int],
         for version in versions:
             version_dir = os.path.join(model_dir, str(version))
             backend = next((b for f, b in _BACKEND_BY_MODEL_FILE
-                            if os.path.isfile(os.path.join(version_dir, f))), "")
+                            if _is_model_file(os.path.join(version_dir, f), b)), "")
             if backend:
                 config.backend = backend
                 break
@@ -204,7 +204,13 @@ def _infer_backend(config: ModelConfig, model_dir: str, versions: Sequence[int],
         raise invalid_arg(
             f"{config_source}: backend: cannot determine the backend of model '{model_name}': "
             f"set it in {config_source} (e.g. backend: \"python\"), or provide "
-            f"<version>/model.py or <version>/model.pt")
+            f"<version>/model.py, <version>/model.pt or <version>/model.onnx")
+
+
+def _is_model_file(path: str, backend: str) -> bool:
+    """A model file, or for ONNX also a directory (a model with external data, as Triton's
+    onnxruntime backend takes it)."""
+    return os.path.isfile(path) or (backend == "onnxruntime" and os.path.isdir(path))
 
 
 def _run_auto_complete(auto_complete: AutoComplete, model_dir: str, config: ModelConfig,

@@ -7,7 +7,8 @@
 3. the same in ``<backend_directory>/<name>/``; failing that, a Triton-style python-based backend
    ``<backend_directory>/<name>/model.py`` (a ``TritonPythonModel`` run by the python backend)
 4. an installed entry point in group ``shoal.backends`` whose name is the backend name
-5. the built-ins: ``python``, ``pytorch`` (alias ``pytorch_libtorch``) and ``llm``
+5. the built-ins: ``python``, ``pytorch`` (alias ``pytorch_libtorch``), ``onnxruntime`` (alias
+   ``onnxruntime_onnx``; needs the ``onnx`` extra) and ``llm``
 
 An out-of-tree module (1-3) must define ``ShoalBackend``, and an entry point must point at, a class
 implementing ``shoal.workers.backends.base.Backend`` that takes no constructor arguments (the
@@ -35,8 +36,8 @@ logger = logging.getLogger(__name__)
 ENTRY_POINT_GROUP = "shoal.backends"
 MODULE_PREFIX = "shoal_backend_"
 BACKEND_CLASS = "ShoalBackend"
-BUILTIN_BACKENDS = ("python", "pytorch", "llm")
-_ALIASES = {"pytorch_libtorch": "pytorch"}
+BUILTIN_BACKENDS = ("python", "pytorch", "onnxruntime", "llm")
+_ALIASES = {"pytorch_libtorch": "pytorch", "onnxruntime_onnx": "onnxruntime"}
 _NAME = re.compile(r"[A-Za-z0-9_.\-]+")
 _import_counter = itertools.count()
 
@@ -108,6 +109,10 @@ def _builtin(name: str) -> Callable[[], Backend] | None:
         from shoal.workers.backends.pytorch import PytorchBackend
 
         return PytorchBackend
+    if name == "onnxruntime":  # imports onnxruntime only at load (clear error when missing)
+        from shoal.workers.backends.onnxruntime.backend import OnnxruntimeBackend
+
+        return OnnxruntimeBackend
     if name == "llm":
         from shoal.workers.backends.llm.backend import LlmBackend
 

@@ -1,0 +1,111 @@
+"""Batch inputs and outputs as ONNX Runtime takes and gives them.
+
+Numeric tensors go through IO binding with no copy: each input is an ``OrtValue`` over the
+request's shared-memory view (or over the zero-copy view spanning a batch whose slices lie back
+to back; else over one concatenation), and each output is read as a numpy view of the
+``OrtValue`` ONNX Runtime allocated (``BF16``: a uint16 buffer of ours, bound before the run,
+since numpy has no bfloat16). The worker then copies each output once into its output arena.
+
+ONNX Runtime's Python API cannot bind string tensors, so a model with a BYTES input or output
+runs with ``session.run`` (numeric inputs still passed as views). Its strings are UTF-8: BYTES
+elements are decoded (an element that is not UTF-8 is an INVALID_ARG error naming the input) and
+string outputs are encoded back.
+
+Ownership: an ``OrtRun`` keeps the bound input OrtValues and the output OrtValues alive until the
+next run, so the output views stay valid until the worker has copied them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from shoal.errors import invalid_arg
+from shoal.workers.backends.onnxruntime.graph_io import ONNX_BFLOAT16
+from shoal.workers.batch_assembly import adjacent_view
+
+Array = npt.NDArray[Any]
+
+
+def join_rows(arrays: Sequence[Array]) -> Array:
+    """The arrays of one input across a batch as one array: a zero-copy view when they lie back
+    to back in one buffer (always for a single request), else one concatenation."""
+    view = adjacent_view(arrays)
+    if view is not None:
+        return view
+    return np.concatenate(arrays, axis=0)
+
+
+def as_strings(name: str, array: Array) -> Array:
+    """A BYTES input as the object array of ``str`` ONNX Runtime takes."""
+    flat = array.reshape(-1)
+    out = np.empty(flat.shape[0], dtype=np.object_)
+    try:
+        out[:] = [x.decode("utf-8") if isinstance(x, bytes) else str(x) for x in flat.tolist()]
+    except UnicodeDecodeError:
+        raise invalid_arg(f"input '{name}': a BYTES element is not valid UTF-8 (the "
+                          "onnxruntime backend passes strings as UTF-8)") from None
+    return out.reshape(array.shape)
+
+
+def as_bytes(array: Array) -> Array:
+    """A string output as an object array of ``bytes``."""
+    flat = array.reshape(-1)
+    out = np.empty(flat.shape[0], dtype=np.object_)
+    out[:] = [x.encode("utf-8") if isinstance(x, str) else bytes(x) for x in flat.tolist()]
+    return out.reshape(array.shape)
+
+
+class OrtRun:
+    """Runs one session with IO binding or ``session.run`` (see the module docstring)."""
+
+    def __init__(self, ort: Any, session: Any, run_options: Any, *, strings: bool) -> None:
+        self._ort = ort
+        self._session = session
+        self._run_options = run_options
+        self._strings = strings
+        self._kept: list[Any] = []  # this run's OrtValues and binding (see Ownership)
+
+    def run(self, feeds: Mapping[str, Array], bf16_inputs: frozenset[str],
+            outputs: Sequence[str], bf16_shapes: Mapping[str, tuple[int, ...]]
+            ) -> dict[str, Array]:
+        """Output name -> array (BF16 as uint16). ``bf16_shapes`` gives the full shape of each
+        BF16 output (they must be known before the run)."""
+        self._kept = []
+        if self._strings:
+            return self._run_plain(feeds, outputs)
+        ort = self._ort
+        binding = self._session.io_binding()
+        self._kept.append(binding)
+        for name, array in feeds.items():
+            value = (ort.OrtValue.ortvalue_from_numpy_with_onnx_type(array, ONNX_BFLOAT16)
+                     if name in bf16_inputs else ort.OrtValue.ortvalue_from_numpy(array))
+            self._kept.append(value)
+            binding.bind_ortvalue_input(name, value)
+        ours: dict[str, Array] = {}
+        for name in outputs:
+            shape = bf16_shapes.get(name)
+            if shape is None:
+                binding.bind_output(name, "cpu")
+                continue
+            buffer = np.empty(shape, dtype=np.uint16)
+            value = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(buffer, ONNX_BFLOAT16)
+            self._kept.append(value)
+            binding.bind_ortvalue_output(name, value)
+            ours[name] = buffer
+        self._session.run_with_iobinding(binding, self._run_options)
+        values = binding.get_outputs()
+        self._kept.extend(values)
+        return {name: ours[name] if name in ours else value.numpy()
+                for name, value in zip(outputs, values, strict=True)}
+
+    def _run_plain(self, feeds: Mapping[str, Array], outputs: Sequence[str]) -> dict[str, Array]:
+        results = self._session.run(list(outputs), dict(feeds), self._run_options)
+        return {name: as_bytes(value) if value.dtype.hasobject else value
+                for name, value in zip(outputs, results, strict=True)}
+
+    def release(self) -> None:
+        self._kept = []
