@@ -68,6 +68,8 @@ class OrtRun:
         self._run_options = run_options
         self._strings = strings
         self._kept: list[Any] = []  # this run's OrtValues and binding (see Ownership)
+        # input name -> address of the memory ONNX Runtime read it from (last bound run)
+        self.bound_inputs: dict[str, int] = {}
 
     def run(self, feeds: Mapping[str, Array], bf16_inputs: frozenset[str],
             outputs: Sequence[str], bf16_shapes: Mapping[str, tuple[int, ...]]
@@ -75,6 +77,7 @@ class OrtRun:
         """Output name -> array (BF16 as uint16). ``bf16_shapes`` gives the full shape of each
         BF16 output (they must be known before the run)."""
         self._kept = []
+        self.bound_inputs = {}
         if self._strings:
             return self._run_plain(feeds, outputs)
         ort = self._ort
@@ -84,6 +87,7 @@ class OrtRun:
             value = (ort.OrtValue.ortvalue_from_numpy_with_onnx_type(array, ONNX_BFLOAT16)
                      if name in bf16_inputs else ort.OrtValue.ortvalue_from_numpy(array))
             self._kept.append(value)
+            self.bound_inputs[name] = int(value.data_ptr())
             binding.bind_ortvalue_input(name, value)
         ours: dict[str, Array] = {}
         for name in outputs:
