@@ -20,6 +20,7 @@ from shoal.workers.llm.config import (
     SchedulerConfig,
 )
 from shoal.workers.llm.executor import Executor
+from shoal.workers.llm.logits import LogitsPostProcessorConfig
 from shoal.workers.llm.request import (
     FinishReason,
     OutputConfig,
@@ -47,6 +48,7 @@ __all__ = [
     "IterationStats",
     "KvCacheConfig",
     "KvCacheStats",
+    "LogitsPostProcessorConfig",
     "OutputConfig",
     "Request",
     "RequestStage",

@@ -13,6 +13,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from shoal.workers.llm.logits.config import LogitsPostProcessorConfig
+
 
 class CapacitySchedulerPolicy(enum.Enum):
     """How the scheduler spends KV-cache blocks.
@@ -73,6 +75,7 @@ class ExecutorConfig:
     request_stats_max_iterations: int = 0
     device: str = "cpu"
     dtype: str | None = None
+    logits_post_processor_config: LogitsPostProcessorConfig | None = None
 
     def __post_init__(self) -> None:
         positive = {"max_beam_width": self.max_beam_width, "max_batch_size": self.max_batch_size,

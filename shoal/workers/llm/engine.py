@@ -12,6 +12,8 @@ import torch
 
 from shoal.workers.llm.attention import SequenceSpan, build_attention_batch
 from shoal.workers.llm.kv_cache import BlockManager, KvCachePool
+from shoal.workers.llm.logits.post_process import LogitsPostProcessing
+from shoal.workers.llm.logits.top_log_probs import TopLogProbs, top_log_probs
 from shoal.workers.llm.models import CausalLM
 from shoal.workers.llm.request import FinishReason, Result
 from shoal.workers.llm.results import beam_results, cancelled_results, sampling_results
@@ -32,6 +34,7 @@ class StepReport:
     num_paused: int = 0
     num_ctx_tokens: int = 0
     num_gen_tokens: int = 0
+    errors: list[tuple[int, str]] = field(default_factory=list)  # (request id, why it failed)
 
 
 @dataclass
@@ -46,8 +49,10 @@ class _Batch:
 
 class Engine:
     def __init__(self, model: CausalLM, kv: KvCachePool, blocks: BlockManager,
-                 scheduler: Scheduler[RequestState]) -> None:
+                 scheduler: Scheduler[RequestState],
+                 post_processing: LogitsPostProcessing | None = None) -> None:
         self.model = model
+        self.post_processing = post_processing or LogitsPostProcessing(None)
         self.kv = kv
         self.blocks = blocks
         self.scheduler = scheduler
@@ -92,9 +97,15 @@ class Engine:
             return report
         batch = self._pack(plan.scheduled, report)
         logits = self._run_model(batch)
+        failed = self.post_processing.apply_to_iteration(logits, plan.scheduled, batch.last_row)
         argmax = logits.argmax(dim=-1).tolist()  # one call serves every greedy sequence
         for state in plan.scheduled:
             state.paused = False
+            if state.request_id in failed:  # its logits post-processor raised: it alone ends
+                self._complete(state)
+                report.completed.append(state.request_id)
+                report.errors.append((state.request_id, failed[state.request_id]))
+                continue
             if batch.context_rows.get(state.request_id):
                 first, last = batch.context_rows[state.request_id]
                 state.context_logits = logits[first:last].cpu()
@@ -161,8 +172,10 @@ class Engine:
         rows = [TokenRow(state.params, s.tokens, s.num_generated, s.generator, want_log_probs)
                 for s in touched]
         choices = choose_tokens(logits, rows, argmax)
-        for seq, row_logits, (token, log_prob) in zip(touched, logits, choices, strict=True):
-            self._append(state, seq, token, log_prob, row_logits)
+        tops = top_log_probs(logits, rows, state.request.output_config.num_top_log_probs)
+        for seq, row_logits, (token, log_prob), top in zip(touched, logits, choices, tops,
+                                                           strict=True):
+            self._append(state, seq, token, log_prob, row_logits, top)
         state.active = [s for s in touched if not s.finished]
         for seq in touched:
             if seq.finished:
@@ -185,7 +198,7 @@ class Engine:
         return logits.expand(len(children), -1)
 
     def _append(self, state: RequestState, seq: Sequence, token: int, log_prob: float | None,
-                raw_logits: torch.Tensor) -> None:
+                raw_logits: torch.Tensor, top: TopLogProbs) -> None:
         params = state.params
         if log_prob is not None:
             seq.cum_log_prob += log_prob
@@ -195,6 +208,8 @@ class Engine:
         seq.tokens.append(token)
         if log_prob is not None:
             seq.log_probs.append(log_prob)
+        if state.request.output_config.num_top_log_probs:
+            seq.top_log_probs.append(top)
         if state.request.output_config.return_generation_logits:
             seq.pending_logits.append(raw_logits.cpu())
         seq.finish_reason = self._finish_reason(state, seq.generated)

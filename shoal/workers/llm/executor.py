@@ -28,6 +28,7 @@ from shoal.errors import unavailable
 from shoal.workers.llm.config import ExecutorConfig
 from shoal.workers.llm.engine import Engine
 from shoal.workers.llm.kv_cache import BlockManager, KvCachePool
+from shoal.workers.llm.logits.post_process import LogitsPostProcessing
 from shoal.workers.llm.models import load_model
 from shoal.workers.llm.request import Request, Response, Result
 from shoal.workers.llm.scheduler import Scheduler
@@ -72,10 +73,12 @@ class Executor:
             blocks=self.blocks, policy=config.scheduler_config.capacity_scheduler_policy,
             batching=config.batching_type, max_batch_size=config.max_batch_size,
             max_num_tokens=config.max_num_tokens)
-        self._engine = Engine(self.model, self.kv, self.blocks, scheduler)
+        post_processing = LogitsPostProcessing(config.logits_post_processor_config)
+        self._engine = Engine(self.model, self.kv, self.blocks, scheduler, post_processing)
         self.limits = Limits(vocab_size=spec.vocab_size, max_beam_width=config.max_beam_width,
                              max_seq_len=max_seq_len, num_blocks=num_blocks,
-                             tokens_per_block=tokens_per_block)
+                             tokens_per_block=tokens_per_block,
+                             logits_post_processors=post_processing.names)
         self._stats = StatsCollector(config, self.blocks)
         self._last_id = 0  # request ids are 1, 2, ...
         self._order = itertools.count()
@@ -254,6 +257,7 @@ class Executor:
                 self._ready.notify_all()
             return
         self._publish(report.results)
+        self._fail(report.errors)
         self._stats.record(report, self._engine, (time.perf_counter() - started) * 1000.0)
         if not report.scheduled and not report.num_paused:
             time.sleep(0.001)  # nothing could run (should not happen); do not spin hot
@@ -265,6 +269,17 @@ class Executor:
             for request_id, result in results:
                 client_id = self._live.get(request_id)
                 self._push(Response(request_id, result=result, client_id=client_id))
+            self._ready.notify_all()
+
+
+    def _fail(self, errors: list[tuple[int, str]]) -> None:
+        """Error responses (final) for requests that failed in an iteration."""
+        if not errors:
+            return
+        with self._lock:
+            for request_id, message in errors:
+                self._push(Response(request_id, error_msg=message,
+                                    client_id=self._live.get(request_id)))
             self._ready.notify_all()
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import KW_ONLY, dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:
     import torch
@@ -86,6 +86,9 @@ class OutputConfig:
     return_context_logits: bool = False
     return_generation_logits: bool = False
     exclude_input_from_output: bool = False
+    # shoal extension: this many most likely alternatives of each output token, with their
+    # log-probabilities on the same distribution as ``return_log_probs`` (logits/top_log_probs.py)
+    num_top_log_probs: int = 0
 
 
 @dataclass
@@ -109,6 +112,10 @@ class Request:
     client_id: int | None = None
     return_all_generated_tokens: bool = False
     num_return_sequences: int = 1
+    # a processor of ExecutorConfig.logits_post_processor_config ("batched": the batched one)
+    logits_post_processor_name: str | None = None
+
+    BATCHED_POST_PROCESSOR_NAME: ClassVar[str] = "batched"
 
     @property
     def effective_num_return_sequences(self) -> int:
@@ -133,6 +140,9 @@ class Result:
     context_logits: torch.Tensor | None = None
     generation_logits: torch.Tensor | None = None
     decoding_iter: int = 0
+    # with OutputConfig.num_top_log_probs: per beam, per output token, (token id, log-prob) pairs
+    # most likely first; aligned with ``log_probs``
+    top_log_probs: list[list[list[tuple[int, float]]]] | None = None
 
 
 @dataclass

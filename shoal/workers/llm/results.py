@@ -39,6 +39,8 @@ def sampling_results(state: RequestState, touched: list[Sequence]) -> list[Resul
             log_probs=[seq.log_probs[first:]] if want_log_probs else None,
             generation_logits=_take_logits(seq),
             decoding_iter=state.decoding_iter,
+            top_log_probs=([seq.top_log_probs[first:]]
+                           if request.output_config.num_top_log_probs else None),
         ))
     return _finish(state, results)
 

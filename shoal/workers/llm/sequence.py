@@ -37,6 +37,8 @@ class Sequence:
     finish_reason: FinishReason = FinishReason.NOT_FINISHED
     num_sent: int = 0  # generated tokens already delivered in streamed results
     pending_logits: list[torch.Tensor] = field(default_factory=list)  # not yet delivered
+    # OutputConfig.num_top_log_probs: (token, log-prob) alternatives per generated token
+    top_log_probs: list[list[tuple[int, float]]] = field(default_factory=list)
 
     @property
     def generated(self) -> list[int]:

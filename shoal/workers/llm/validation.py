@@ -8,6 +8,7 @@ import operator
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from shoal.workers.llm.logits.validation import logits_request_error
 from shoal.workers.llm.request import Request
 
 
@@ -18,11 +19,13 @@ class Limits:
     max_seq_len: int
     num_blocks: int
     tokens_per_block: int
+    logits_post_processors: frozenset[str] = frozenset()  # names a request may give
 
 
 def request_error(request: Request, limits: Limits) -> str | None:
     """The first problem with ``request``, as a message for the client, or None."""
-    for check in (_tokens_error, _length_error, _sampling_error, _words_error):
+    for check in (_tokens_error, _length_error, _sampling_error, _words_error,
+                  logits_request_error):
         message = check(request, limits)
         if message is not None:
             return message
