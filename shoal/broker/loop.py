@@ -363,6 +363,8 @@ class BrokerLoop:
             handle.heartbeat_at = now
             if message.custom_metrics is not None:
                 handle.custom_metrics = message.custom_metrics
+            if message.llm is not None:
+                handle.llm = message.llm
         elif isinstance(message, BatchResult):
             self.on_batch_result(handle, runtime, message, now)
         elif isinstance(message, StreamResponse):

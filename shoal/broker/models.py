@@ -24,7 +24,9 @@ from tritonclient.grpc.model_config_pb2 import ModelConfig
 from shoal.broker.ensemble import ensemble_readiness
 from shoal.broker.lifecycle.materialize import materialize
 from shoal.broker.lifecycle.records import Generation, LoadCommand, ModelRecord
+from shoal.broker.llm_stats import sum_llm_stats
 from shoal.broker.model_runtime import InstanceSlot, ModelVersionRuntime, build_runtime
+from shoal.broker.pool import WorkerState
 from shoal.broker.repository import ModelSource, discover_models, load_model_source
 from shoal.errors import ShoalError, invalid_arg
 from shoal.load_overrides import (
@@ -33,6 +35,7 @@ from shoal.load_overrides import (
     parse_config_override,
 )
 from shoal.messages import (
+    LlmStats,
     ModelLoadStats,
     ModelStats,
     ModelVersionInfo,
@@ -269,8 +272,15 @@ class ModelManager:
             return sum(len(k) for k in r.batches.values()) + sum(
                 len(s.worker.streams) for s in r.instances if s.worker is not None)
 
+        def llm(r: ModelVersionRuntime) -> LlmStats | None:
+            return sum_llm_stats(
+                s.worker.llm for s in r.instances if s.worker is not None
+                and s.worker.state not in (WorkerState.STOPPING, WorkerState.DEAD))
+
         shown = [r for record in self.records.values() for r in record.visible()]
-        return [r.stats.snapshot(pending(r), in_flight(r),
-                                 {s.instance_name: s.restarts for s in r.instances})
+        return [msgspec.structs.replace(
+                    r.stats.snapshot(pending(r), in_flight(r),
+                                     {s.instance_name: s.restarts for s in r.instances}),
+                    llm=llm(r))
                 for r in shown
                 if (not model or r.name == model) and (version < 0 or r.version == version)]

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from shoal.messages import CustomMetricFamily, WorkerSpec
+from shoal.messages import CustomMetricFamily, LlmStats, WorkerSpec
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +49,7 @@ class WorkerHandle:
     kill_reason: str = ""  # why the broker killed it (shown in the requests' errors)
     # the models' custom metrics, as its last heartbeat that carried them (they go with it)
     custom_metrics: list[CustomMetricFamily] = field(default_factory=list)
+    llm: LlmStats | None = None  # an llm backend's executor figures, as its last heartbeat
 
     @property
     def identity(self) -> str:

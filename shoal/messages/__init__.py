@@ -13,7 +13,8 @@ of a client's CUDA allocation).
 
 Layout: the Structs live in ``tensors`` (the parts: tensor references, errors, leases),
 ``frontend`` (frontend <-> broker), ``worker`` (broker <-> worker, and the spawn spec) and
-``metrics`` (models' custom metrics, worker -> broker -> frontend); this
+``metrics`` (models' custom metrics, worker -> broker -> frontend), ``llm`` (llm-backend
+executor figures, worker -> broker -> frontend); this
 module is the wire (``MsgKind``, ``encode``, ``decode``) and re-exports every Struct. Import from
 ``shoal.messages``.
 """
@@ -53,6 +54,7 @@ from shoal.messages.frontend import (
     TraceStamps,
     UnloadModel,
 )
+from shoal.messages.llm import TOKEN_LEN_BOUNDS, LlmStats
 from shoal.messages.metrics import CustomMetric, CustomMetricFamily, CustomMetricKind
 from shoal.messages.tensors import (
     CudaHandle,
@@ -177,6 +179,7 @@ def decode(frames: list[bytes]) -> Message:
 
 __all__ = [
     "LATENCY_BUCKET_BOUNDS_US",
+    "TOKEN_LEN_BOUNDS",
     "Batch",
     "BatchResult",
     "BatchStat",
@@ -201,6 +204,7 @@ __all__ = [
     "InlineTensor",
     "LatencyHistogram",
     "Lease",
+    "LlmStats",
     "LoadModel",
     "Message",
     "ModelLoadStats",

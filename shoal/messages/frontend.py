@@ -7,6 +7,7 @@ from typing import Final
 
 import msgspec
 
+from shoal.messages.llm import LlmStats
 from shoal.messages.metrics import CustomMetricFamily
 from shoal.messages.tensors import CudaHandle, Error, Lease, Params, RequestedOutput, TensorRef
 
@@ -288,6 +289,7 @@ class ModelStats(msgspec.Struct, frozen=True, array_like=True):
     compute_infer_latency: LatencyHistogram = LatencyHistogram()
     compute_output_latency: LatencyHistogram = LatencyHistogram()
     first_response: Duration = Duration(0, 0)  # count and sum of first_response_latency
+    llm: LlmStats | None = None  # llm backend: executor figures summed over the live instances
 
 
 class StatsReply(msgspec.Struct, frozen=True, array_like=True):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import msgspec
 
+from shoal.messages.llm import LlmStats
 from shoal.messages.metrics import CustomMetricFamily
 from shoal.messages.tensors import (
     CudaHandle,
@@ -154,10 +155,12 @@ class Heartbeat(msgspec.Struct, frozen=True, array_like=True):
     the thread that runs the model): the process runs and its interpreter is not wedged. A
     worker silent for ``--worker-heartbeat-timeout-secs`` is killed and replaced.
     ``custom_metrics``: the worker's custom metrics (``pb_utils.MetricFamily``), all of them,
-    when they changed since the last heartbeat that carried them; None: unchanged."""
+    when they changed since the last heartbeat that carried them; None: unchanged.
+    ``llm``: an llm-backend instance's executor figures, on every heartbeat (None: not one)."""
 
     pid: int
     custom_metrics: list[CustomMetricFamily] | None = None
+    llm: LlmStats | None = None
 
 
 HEARTBEAT_INTERVAL_S = 1.0

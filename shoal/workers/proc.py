@@ -61,7 +61,13 @@ from shoal.shm.arena import Arena
 from shoal.shm.client_regions import ClientRegions
 from shoal.shm.regions import RegionCache
 from shoal.shm.tensors import array_from_buffer
-from shoal.workers.backends.base import Backend, BackendRequest, BackendResponse, InstanceContext
+from shoal.workers.backends.base import (
+    Backend,
+    BackendRequest,
+    BackendResponse,
+    InstanceContext,
+    llm_stats,
+)
 from shoal.workers.backends.registry import create_backend
 from shoal.workers.bls.client import BlsClient
 from shoal.workers.custom_metrics import REGISTRY as CUSTOM_METRICS
@@ -164,12 +170,12 @@ class WorkerProc:
         """Cancellation flags and forgets arrive here while the main thread may be inside the
         model; heartbeats leave from here (from the start of the load on), so a stopped or
         wedged process falls silent while a long execute does not. A heartbeat carries the
-        model's custom metrics when they changed."""
+        model's custom metrics when they changed, and an llm backend's executor figures."""
         next_beat = 0.0
         while not self.stopping:
             if time.monotonic() >= next_beat:
                 self.control_socket.send_multipart(encode(Heartbeat(
-                    os.getpid(), CUSTOM_METRICS.changed_since_last())))
+                    os.getpid(), CUSTOM_METRICS.changed_since_last(), llm_stats(self.backend))))
                 next_beat = time.monotonic() + HEARTBEAT_INTERVAL_S
             if not self.control_socket.poll(_POLL_MS):
                 continue

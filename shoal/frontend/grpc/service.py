@@ -123,7 +123,7 @@ class InferenceServicer:
         reply = await self.dataplane.stats(name, -1 if version is None else int(version))
         if reply.error is not None:
             raise ShoalError(reply.error.code, reply.error.message)
-        document = documents.model_statistics(reply.models)
+        document = documents.model_statistics(reply.models, extensions=False)
         return json_format.ParseDict(document, pb.ModelStatisticsResponse())
 
     @guarded

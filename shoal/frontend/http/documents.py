@@ -7,6 +7,7 @@ from typing import Any, Final
 
 from shoal.messages import (
     Duration,
+    LlmStats,
     ModelStats,
     ModelVersionInfo,
     ModelVersionState,
@@ -93,12 +94,46 @@ def _duration(value: Duration) -> dict[str, int]:
 _ZERO: Final = Duration(0, 0)
 
 
-def model_statistics(models: Sequence[ModelStats]) -> dict[str, Any]:
-    """Triton's statistics extension document (durations in ns)."""
-    return {"model_stats": [_model_stats(stats) for stats in models]}
+def model_statistics(models: Sequence[ModelStats], *, extensions: bool = True
+                     ) -> dict[str, Any]:
+    """Triton's statistics extension document (durations in ns). ``extensions``: add shoal's
+    ``shoal_llm`` field to an llm-backend version's entry (``llm_statistics``); gRPC leaves it
+    out, Triton's protobuf has no place for it."""
+    return {"model_stats": [_model_stats(stats, extensions) for stats in models]}
 
 
-def _model_stats(stats: ModelStats) -> dict[str, Any]:
+def llm_statistics(llm: LlmStats) -> dict[str, Any]:
+    """shoal's extension field ``shoal_llm``: the executor figures of an llm-backend version,
+    summed over its instances (counters since load, gauges now; durations in Triton's
+    ``{count, ns}`` shape; ``time_to_first_token`` / ``inter_token`` are measured in the worker
+    when each response leaves it)."""
+    return {
+        "requests": {"active": llm.active_requests, "queued": llm.queued_requests,
+                     "scheduled": llm.scheduled_requests, "context": llm.context_requests,
+                     "generation": llm.generation_requests, "paused": llm.paused_requests,
+                     "max": llm.max_requests, "finished": llm.requests_finished},
+        "kv_cache": {"max_blocks": llm.kv_blocks_max, "free_blocks": llm.kv_blocks_free,
+                     "used_blocks": llm.kv_blocks_used,
+                     "tokens_per_block": llm.kv_tokens_per_block,
+                     "reused_blocks": llm.kv_blocks_reused},
+        "tokens": {"prompt": llm.prompt_tokens, "generation": llm.generation_tokens},
+        "time_to_first_token": {"count": sum(llm.time_to_first_token),
+                                "ns": round(llm.time_to_first_token_us * 1000)},
+        "inter_token": {"count": sum(llm.inter_token), "ns": round(llm.inter_token_us * 1000)},
+        "iterations": llm.iterations,
+        "memory": {"weights_bytes": llm.weights_bytes, "kv_pool_bytes": llm.kv_pool_bytes,
+                   "accelerator_bytes": llm.accelerator_bytes},
+    }
+
+
+def _model_stats(stats: ModelStats, extensions: bool = True) -> dict[str, Any]:
+    document = _triton_model_stats(stats)
+    if extensions and stats.llm is not None:
+        document["shoal_llm"] = llm_statistics(stats.llm)
+    return document
+
+
+def _triton_model_stats(stats: ModelStats) -> dict[str, Any]:
     return {
         "name": stats.name,
         "version": str(stats.version),

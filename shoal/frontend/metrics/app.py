@@ -34,6 +34,7 @@ from shoal.frontend.metrics.latency import (
     first_response_family,
     summary_families,
 )
+from shoal.frontend.metrics.llm import llm_families
 from shoal.messages import CustomMetricFamily, ModelStats, RepositorySnapshot, StatsReply
 from shoal.settings import Settings
 
@@ -60,6 +61,7 @@ def render_prometheus(stats: Sequence[ModelStats], snapshot: RepositorySnapshot 
     if config.summary_latencies:
         families.extend(summary_families(stats, config.summary_quantiles, windows,
                                          time.monotonic() if now is None else now))
+    families.extend(llm_families(stats))
     families.extend(lifecycle_families(snapshot))
     families.extend(cpu_families())
     if config.allow_gpu_metrics:

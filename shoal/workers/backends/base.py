@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from shoal.messages import Error, Params
+from shoal.messages import Error, LlmStats, Params
 
 if TYPE_CHECKING:
     from shoal.workers.bls.client import BlsClient
@@ -109,7 +109,8 @@ class BackendResponse:
 
 class Backend(Protocol):
     """Optional members, looked up with ``getattr``: ``takes_device_input(name) -> bool`` (see
-    the module docstring and ``takes_device_input``)."""
+    the module docstring and ``takes_device_input``); ``llm_stats() -> LlmStats | None`` (see
+    ``llm_stats``)."""
 
     def load(self, ctx: InstanceContext) -> None:
         """Load the model; raise ShoalError (or any exception) to fail the load."""
@@ -130,6 +131,17 @@ def takes_device_input(backend: object, name: str) -> bool:
     ``takes_device_input`` method; False when it has none)."""
     probe = getattr(backend, "takes_device_input", None)
     return bool(probe(name)) if callable(probe) else False
+
+
+def llm_stats(backend: object) -> LlmStats | None:
+    """An llm backend's executor figures (its optional ``llm_stats`` method, called from the
+    worker's control thread, so it must be thread-safe); None for other backends or before
+    the load."""
+    probe = getattr(backend, "llm_stats", None)
+    if not callable(probe):
+        return None
+    stats = probe()
+    return stats if isinstance(stats, LlmStats) else None
 
 
 def empty_array() -> npt.NDArray[np.float32]:

@@ -14,9 +14,9 @@ cancelled: the broker sends ``CancelExecuting``) for every open request each tur
 ``_PUMP_WAIT_S`` apart) and cancels the executor request, which frees its KV blocks at the
 start of the executor's next iteration; the request then ends without another response.
 
-KV cache occupancy is published as the custom gauge ``nv_trt_llm_kv_cache_block_metrics``
-(labels ``model``, ``version``, ``kv_cache_block_type`` = max / free / used / tokens_per, as
-TensorRT-LLM's backend names it), so ``/metrics`` shows blocks coming back.
+Executor figures (requests, KV blocks, token counters, time to first token and between tokens)
+are kept by ``figures.LlmFigures`` and read by the worker's heartbeat through ``llm_stats``;
+frontend 0 renders them under TensorRT-LLM's backend names (``frontend/metrics/llm.py``).
 
 Threads: ``execute``/``load``/``unload`` on the worker's main thread; the pump thread sends
 responses; ``_lock`` guards the open-request table (held across enqueue and registration so a
@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from shoal.errors import ErrorCode, ShoalError, invalid_arg
-from shoal.messages import CustomMetricKind, Error
+from shoal.messages import Error, LlmStats
 from shoal.model_config import is_decoupled
 from shoal.workers.backends.base import (
     BackendRequest,
@@ -42,6 +42,7 @@ from shoal.workers.backends.base import (
 )
 from shoal.workers.backends.llm.chat_template import ChatTemplate, load_chat_template
 from shoal.workers.backends.llm.detokenize import IncrementalDetokenizer
+from shoal.workers.backends.llm.figures import LlmFigures, RequestClock
 from shoal.workers.backends.llm.interface import (
     COUNT_OUTPUTS,
     ParsedRequest,
@@ -52,7 +53,6 @@ from shoal.workers.backends.llm.interface import (
     text_output,
 )
 from shoal.workers.backends.llm.settings import model_parameters, read_settings
-from shoal.workers.custom_metrics import REGISTRY, Family, Series
 from shoal.workers.llm import Executor, FinishReason, Response, Result
 from shoal.workers.llm.validation import request_error
 
@@ -62,7 +62,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _PUMP_WAIT_S = 0.05  # longest wait of the pump between two looks at the cancellation flags
-KV_METRIC = "nv_trt_llm_kv_cache_block_metrics"
 
 
 @dataclass
@@ -73,13 +72,7 @@ class _OpenRequest:
     cancelled: bool = False
     counted_outputs: tuple[str, ...] = ()  # of COUNT_OUTPUTS, those the client asked for
     generated: int = 0  # tokens generated so far (beam 0), for completion_tokens
-
-
-@dataclass
-class _KvGauge:
-    family: Family
-    series: dict[str, Series] = field(default_factory=dict)
-    last: dict[str, int] = field(default_factory=dict)
+    clock: RequestClock | None = None  # metrics: its timeline and tokens (figures.py)
 
 
 class LlmBackend:
@@ -96,7 +89,7 @@ class LlmBackend:
         self._open: dict[int, _OpenRequest] = {}  # executor request id -> open request
         self._stopping = threading.Event()
         self._pump: threading.Thread | None = None
-        self._gauge: _KvGauge | None = None
+        self._figures: LlmFigures | None = None
 
     # ------------------------------------------------------------------ contract
 
@@ -120,8 +113,7 @@ class LlmBackend:
         self._batching = config.max_batch_size > 0
         self._exclude_input = settings.exclude_input_in_output
         self._send, self._is_cancelled = ctx.send_response, ctx.is_cancelled
-        self._gauge = _open_gauge(ctx.model_name, ctx.model_version)
-        self._publish_kv()
+        self._figures = LlmFigures(executor)
         self._pump = threading.Thread(target=self._pump_loop, name="llm-pump", daemon=True)
         self._pump.start()
 
@@ -134,11 +126,6 @@ class LlmBackend:
             self._pump.join(timeout=10)
         if self._executor is not None:
             self._executor.shutdown()
-        if self._gauge is not None:
-            for series in self._gauge.series.values():
-                REGISTRY.close_series(self._gauge.family, series)
-            REGISTRY.close_family(self._gauge.family)
-            self._gauge = None
 
     # ------------------------------------------------------------------ requests in
 
@@ -168,6 +155,8 @@ class LlmBackend:
         with self._lock:
             executor_id = executor.enqueue_request(parsed.request)
             self._open[executor_id] = open_request
+            if self._figures is not None:
+                open_request.clock = self._figures.accepted(len(parsed.request.input_token_ids))
         return None
 
     # ------------------------------------------------------------------ responses out
@@ -182,7 +171,8 @@ class LlmBackend:
                     for response in responses:
                         self._deliver(response)
                     self._forward_cancels(executor)
-                self._publish_kv()
+                if self._figures is not None:
+                    self._figures.executor_turn(len(self._open))
             except Exception:  # the pump must survive one bad response
                 logger.exception("llm backend: failed to deliver a response")
 
@@ -202,6 +192,8 @@ class LlmBackend:
         elif open_request.cancelled:
             answer = None  # the client is gone: only close the request
         else:
+            if open_request.clock is not None:
+                open_request.clock.produce(open_request.parsed.request, result)
             try:
                 answer = self._answer(open_request, result, final)
             except Exception as exc:  # fail this request only; the executor stops it
@@ -215,7 +207,23 @@ class LlmBackend:
                     return
             if answer is None and not final:
                 return  # a held-back partial character: nothing to send yet
+        self._count_sent(open_request, answer, final)
         self._send_quietly(open_request.worker_id, answer, final)
+
+    def _count_sent(self, open_request: _OpenRequest, answer: BackendResponse | Error | None,
+                    final: bool) -> None:
+        """Metrics: the response leaves now (its tokens, and the request's end when final)."""
+        figures, clock = self._figures, open_request.clock
+        if figures is None or clock is None:
+            return
+        if isinstance(answer, BackendResponse):
+            figures.tokens_sent(clock)
+        if final:
+            figures.finished(clock)
+
+    def llm_stats(self) -> LlmStats | None:
+        """The executor figures now (the worker's control thread ships them on its heartbeat)."""
+        return self._figures.snapshot() if self._figures is not None else None
 
     def _send_quietly(self, worker_id: int, answer: BackendResponse | Error | None,
                       final: bool) -> None:
@@ -265,18 +273,6 @@ class LlmBackend:
                 open_request.cancelled = True
                 executor.cancel_request(executor_id)
 
-    def _publish_kv(self) -> None:
-        gauge, executor = self._gauge, self._executor
-        if gauge is None or executor is None:
-            return
-        blocks = executor.blocks
-        values = {"max": blocks.num_blocks, "free": blocks.free_blocks,
-                  "used": blocks.used_blocks, "tokens_per": blocks.tokens_per_block}
-        for kind, value in values.items():
-            if gauge.last.get(kind) != value:
-                REGISTRY.set(gauge.family, gauge.series[kind], float(value))
-                gauge.last[kind] = value
-
 
 def _pad(parsed: ParsedRequest, eos: int | None) -> int:
     request = parsed.request
@@ -284,15 +280,3 @@ def _pad(parsed: ParsedRequest, eos: int | None) -> int:
         if candidate is not None:
             return candidate
     return 0
-
-
-def _open_gauge(model: str, version: int) -> _KvGauge:
-    family = REGISTRY.open_family(
-        KV_METRIC, "KV cache blocks of the LLM executor (max, free, used, tokens per block)",
-        CustomMetricKind.GAUGE)
-    gauge = _KvGauge(family)
-    for kind in ("max", "free", "used", "tokens_per"):
-        gauge.series[kind] = REGISTRY.open_series(
-            family, {"model": model, "version": str(version), "kv_cache_block_type": kind},
-            None)
-    return gauge
