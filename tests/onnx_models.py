@@ -101,6 +101,18 @@ def accumulate() -> bytes:
         [_tensor("SUM", i, ["batch", 1]), _tensor("SUM_OUT", i, ["batch", 1])])
 
 
+def ragged_double() -> bytes:
+    """Ragged batching: INPUT FP32 [n] (every request's elements, flat) -> OUT = 2 INPUT [n];
+    COUNT INT32 [requests] (a batch_input) -> COUNT_OUT (identity)."""
+    two = numpy_helper.from_array(np.array(2.0, np.float32), "two")
+    return _model(
+        [helper.make_node("Mul", ["INPUT", "two"], ["OUT"]),
+         helper.make_node("Identity", ["COUNT"], ["COUNT_OUT"])],
+        [_tensor("INPUT", TensorProto.FLOAT, ["n"]), _tensor("COUNT", TensorProto.INT32, ["r"])],
+        [_tensor("OUT", TensorProto.FLOAT, ["n"]), _tensor("COUNT_OUT", TensorProto.INT32, ["r"])],
+        [two])
+
+
 def write_model(repo: pathlib.Path, name: str, model: bytes, config: str | None = None,
                 *, as_directory: bool = False) -> bytes:
     version = repo / name / "1"

@@ -221,3 +221,26 @@ def test_missing_onnxruntime_fails_the_load_naming_the_extra(
     with pytest.raises(ShoalError) as failure:
         loaded(tmp_path, models.add_sub(), ADD_SUB)
     assert "pip install 'shoal[onnx]'" in failure.value.message
+
+
+def test_ragged_inputs_batch_input_and_scattered_output(tmp_path: pathlib.Path) -> None:
+    config = """
+    name: "ragged"
+    backend: "onnxruntime"
+    max_batch_size: 8
+    input [ { name: "INPUT" data_type: TYPE_FP32 dims: [ -1 ] allow_ragged_batch: true } ]
+    batch_input [ { kind: BATCH_ELEMENT_COUNT target_name: "COUNT" data_type: TYPE_INT32
+                    source_input: "INPUT" } ]
+    output [ { name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] },
+             { name: "COUNT_OUT" data_type: TYPE_INT32 dims: [ 1 ] reshape { shape: [ ] } } ]
+    batch_output [ { target_name: "OUT" kind: BATCH_SCATTER_WITH_INPUT_SHAPE
+                     source_input: "INPUT" } ]
+    """
+    backend = loaded(tmp_path, models.ragged_double(), config)
+    lengths = [3, 1, 5]
+    requests = [make_request(i, {"INPUT": np.arange(n, dtype=np.float32).reshape(1, n)})
+                for i, n in enumerate(lengths)]
+    got = [outputs(answer) for answer in backend.execute(requests)]
+    for n, result in zip(lengths, got, strict=True):
+        np.testing.assert_array_equal(result["OUT"], np.arange(n, dtype=np.float32)[None] * 2)
+        assert result["COUNT_OUT"].tolist() == [[n]]

@@ -199,3 +199,38 @@ def test_unknown_accelerator_is_refused_as_triton_does() -> None:
                  '[ { name: "magic" } ] } }')
     with pytest.raises(ShoalError, match="unknown Execution Accelerator 'magic' is requested"):
         session_setup.execution_providers(ort, bad, "CPU", "cpu", 0)
+
+
+def test_example_onnx_mlp_completes_and_equals_the_torchscript_example() -> None:
+    """examples/onnx_repository/mlp_onnx: auto-complete gives INPUT__0 [256] -> OUTPUT__0 [16],
+    and the backend's outputs equal the TorchScript example (the same weights)."""
+    import json as json_module
+
+    import numpy as np
+    import torch
+
+    from shoal.broker.repository import load_model_source
+    from shoal.workers.backends.base import InstanceContext
+    from shoal.workers.backends.onnxruntime.backend import OnnxruntimeBackend
+    from tests.workers.helpers import make_request
+
+    examples = pathlib.Path(__file__).resolve().parents[2] / "examples"
+    model_dir = examples / "onnx_repository" / "mlp_onnx"
+    source = load_model_source(
+        "mlp_onnx", str(model_dir), str(model_dir.parent), default_max_batch_size=4, gpu_count=0,
+        auto_complete=lambda directory, partial: onnx_auto_complete(directory, partial, 4))
+    assert [(i.name, list(i.dims)) for i in source.config.input] == [("INPUT__0", [256])]
+    assert [(o.name, list(o.dims)) for o in source.config.output] == [("OUTPUT__0", [16])]
+    assert source.config.max_batch_size == 32
+    backend = OnnxruntimeBackend()
+    backend.load(InstanceContext(
+        model_name="mlp_onnx", model_version=1, model_dir=str(model_dir),
+        version_dir=str(model_dir / "1"), config=source.config,
+        config_json=json_module.dumps(config_to_json(source.config)),
+        instance_name="mlp_onnx_0", kind="CPU", device="cpu", device_id=0))
+    x = np.random.default_rng(5).standard_normal((6, 256)).astype(np.float32)
+    answer = backend.execute([make_request(0, {"INPUT__0": x}, batch_size=6)])[0]
+    torchscript = torch.jit.load(str(examples / "model_repository" / "mlp" / "1" / "model.pt"))
+    expected = torchscript(torch.from_numpy(x)).detach().numpy()
+    got = {t.name: t.array for t in answer.outputs}["OUTPUT__0"]  # type: ignore[union-attr]
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
