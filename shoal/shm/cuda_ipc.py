@@ -64,6 +64,14 @@ class _IpcMemHandle(ctypes.Structure):
     _fields_ = [("reserved", ctypes.c_char * IPC_HANDLE_BYTES)]
 
 
+def ipc_handle_struct(raw_handle: bytes) -> _IpcMemHandle:
+    """The driver's ``CUipcMemHandle`` holding ``raw_handle``. A copy of the buffer: a
+    ``memmove`` into ``handle.reserved`` would write into the bytes copy that reading a c_char
+    array field returns and leave the struct zero (the driver then says "invalid argument";
+    seen on an H200)."""
+    return _IpcMemHandle.from_buffer_copy(raw_handle)
+
+
 class _CudaArray:
     """Just enough of the CUDA array interface for ``torch.as_tensor`` to wrap a pointer."""
 
@@ -85,6 +93,9 @@ class DriverCudaIpc:
             raise CudaIpcError(f"the CUDA driver (libcuda.so.1) cannot be loaded: {exc}") from exc
         self._check(self._lib.cuInit(0), "cuInit")
         self._open_handle = self._symbol("cuIpcOpenMemHandle_v2", "cuIpcOpenMemHandle")
+        # the handle is a 64-byte struct passed by value
+        self._open_handle.argtypes = [ctypes.POINTER(ctypes.c_uint64), _IpcMemHandle,
+                                      ctypes.c_uint]
         self._address_range = self._symbol("cuMemGetAddressRange_v2", "cuMemGetAddressRange")
         self._contexts: dict[int, ctypes.c_void_p] = {}
 
@@ -98,8 +109,7 @@ class DriverCudaIpc:
         self._check(self._lib.cuCtxPushCurrent_v2(context), "cuCtxPushCurrent")
         try:
             pointer = ctypes.c_uint64()
-            handle = _IpcMemHandle()
-            ctypes.memmove(handle.reserved, raw_handle, IPC_HANDLE_BYTES)
+            handle = ipc_handle_struct(raw_handle)
             self._check(self._open_handle(ctypes.byref(pointer), handle,
                                           ctypes.c_uint(_LAZY_ENABLE_PEER_ACCESS)),
                         "cuIpcOpenMemHandle")

@@ -73,7 +73,7 @@ def test_device_regions_round_trip(gpu_server: ShoalServer, model: str, factor: 
         out = client_module.InferRequestedOutput(names[1])
         out.set_shared_memory("gpu-out", x.nbytes)
         client.infer(model, [inp], outputs=[out])
-        got = cudashm.get_contents_as_numpy(handles[1], "FP32", list(x.shape))
+        got = cudashm.get_contents_as_numpy(handles[1], np.float32, list(x.shape))
         np.testing.assert_array_equal(got, x * factor)
     finally:
         client.unregister_cuda_shared_memory()

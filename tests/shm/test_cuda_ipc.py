@@ -82,3 +82,10 @@ def test_without_a_cuda_driver_the_driver_ipc_says_so(monkeypatch: pytest.Monkey
         create_cuda_ipc()
     with pytest.raises(CudaIpcError, match="libcuda"):
         DriverCudaIpc()
+
+
+def test_the_driver_gets_the_handle_bytes_in_its_struct() -> None:
+    from shoal.shm.cuda_ipc import IPC_HANDLE_BYTES, ipc_handle_struct
+
+    raw = bytes(range(IPC_HANDLE_BYTES))
+    assert bytes(ipc_handle_struct(raw)) == raw
