@@ -7,14 +7,17 @@ layers see all of them at once). Attention then treats two kinds of sequence:
   resumed request); causal attention over its own keys, which are also written to the cache;
 - decode rows: a sequence adding one token after ``cached`` cached ones; its query attends to
   the keys of positions [0, cached], gathered from the pool a whole block at a time through
-  its block table. Rows are padded to the longest table and masked.
+  its block table. Rows are padded to the longest table and masked;
+- extend spans: a sequence adding several tokens after ``cached`` cached ones (a context chunk,
+  or the rest of a prompt whose prefix came from reused blocks); its queries attend to the
+  gathered keys of positions [0, cached + i] (query i), one span at a time.
 
 ``AttentionBatch`` is built once per iteration and shared by every layer.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +37,14 @@ class SequenceSpan:
 
 
 @dataclass(frozen=True)
+class ExtendSpan:
+    start: int  # packed [start, end) of the span's tokens
+    end: int
+    blocks: torch.Tensor  # [NB] the sequence's block table
+    mask: torch.Tensor  # [1, 1, end - start, NB * tokens_per_block] True = attend
+
+
+@dataclass(frozen=True)
 class AttentionBatch:
     slot_mapping: torch.Tensor  # [T] pool slot each token's key/value is written to
     prefill_spans: list[tuple[int, int]]  # packed [start, end) of context spans
@@ -42,6 +53,7 @@ class AttentionBatch:
     decode_mask: torch.Tensor | None  # [Bd, 1, 1, NB * tokens_per_block] True = attend;
     # None when no row is padded
     tokens_per_block: int
+    extend_spans: list[ExtendSpan] = field(default_factory=list)
 
 
 def build_attention_batch(spans: list[SequenceSpan], blocks: BlockManager,
@@ -51,6 +63,7 @@ def build_attention_batch(spans: list[SequenceSpan], blocks: BlockManager,
     decode_rows: list[int] = []
     decode_tables: list[list[int]] = []
     decode_lengths: list[int] = []
+    extend: list[ExtendSpan] = []
     for span in spans:
         slot_mapping += blocks.slots(span.block_table, span.cached, span.num_tokens)
         if span.cached == 0:
@@ -60,8 +73,7 @@ def build_attention_batch(spans: list[SequenceSpan], blocks: BlockManager,
             decode_tables.append(span.block_table)
             decode_lengths.append(span.cached + 1)
         else:
-            raise ValueError("a span that extends a cached sequence by more than one token is "
-                             "not supported (no chunked context)")
+            extend.append(_extend_span(span, blocks.tokens_per_block, device))
     size = blocks.tokens_per_block
     width = max((len(t) for t in decode_tables), default=0)
     mask: torch.Tensor | None = None
@@ -78,7 +90,19 @@ def build_attention_batch(spans: list[SequenceSpan], blocks: BlockManager,
                                    device=device).reshape(len(padded), width),
         decode_mask=mask,
         tokens_per_block=size,
+        extend_spans=extend,
     )
+
+
+def _extend_span(span: SequenceSpan, tokens_per_block: int,
+                 device: torch.device | str) -> ExtendSpan:
+    width = len(span.block_table) * tokens_per_block
+    keys = torch.arange(width, device=device)
+    last_key = torch.arange(span.cached, span.cached + span.num_tokens, device=device)
+    return ExtendSpan(
+        start=span.start, end=span.start + span.num_tokens,
+        blocks=torch.tensor(span.block_table, dtype=torch.long, device=device),
+        mask=(keys[None, :] <= last_key[:, None])[None, None])
 
 
 def paged_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -105,7 +129,24 @@ def paged_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         attended = F.scaled_dot_product_attention(q, k, v, attn_mask=batch.decode_mask,
                                                   scale=scale, enable_gqa=gqa)
         out[batch.decode_rows] = attended[:, :, 0, :]
+    for span in batch.extend_spans:
+        q = query[span.start:span.end].transpose(0, 1)[None]  # [1, H, n, D]
+        k, v = _gather_table(layer_cache, span.blocks, batch.tokens_per_block)
+        attended = F.scaled_dot_product_attention(q, k[None], v[None], attn_mask=span.mask,
+                                                  scale=scale, enable_gqa=gqa)
+        out[span.start:span.end] = attended[0].transpose(0, 1)
     return out
+
+
+def _gather_table(layer_cache: torch.Tensor, table: torch.Tensor,
+                  tokens_per_block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """[2, slots, Hkv, D] cache -> keys and values [Hkv, NB * tokens_per_block, D] of one
+    block table."""
+    _, slots, heads, dim = layer_cache.shape
+    by_block = layer_cache.view(2, slots // tokens_per_block, tokens_per_block, heads, dim)
+    gathered = torch.index_select(by_block, 1, table)
+    keys, values = gathered.view(2, -1, heads, dim).transpose(1, 2).unbind(0)
+    return keys, values
 
 
 def _gather_blocks(layer_cache: torch.Tensor,

@@ -8,6 +8,13 @@ before it is written (copy-on-write, reported by ``prepare_write`` as (src, dst)
 caller applies to the pool). Invariant of every table: it holds exactly the blocks of the
 sequence's cached tokens, ``len(table) == blocks_for_tokens(num_cached)``.
 
+With block reuse on (``enable_reuse``), full blocks are named by the token prefix they end
+(``prefix_cache.py``); a new sequence starts from the blocks of its longest named prefix
+(``cached_prefix`` + ``attach``, shared and refcounted like forks), and a named block whose last
+reference goes stays in the pool, counted free, until an allocation finds no never-named free
+block and evicts the least recently released one. Tables are released last block first, so a
+chain's tail is evicted before its head (a head without its tail still serves shorter prompts).
+
 ``KvCachePool`` owns the tensor: ``[num_layers, 2 (key, value), num_blocks * tokens_per_block,
 num_kv_heads, head_dim]``, allocated once (or carved from the worker's ``WorkspacePool``); the
 hot path only indexes into it. Threads: both are used by the executor loop thread only.
@@ -18,6 +25,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from shoal.workers.llm.prefix_cache import PrefixIndex
+
 if TYPE_CHECKING:
     import torch
 
@@ -25,24 +34,41 @@ if TYPE_CHECKING:
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, tokens_per_block: int) -> None:
+    def __init__(self, num_blocks: int, tokens_per_block: int, *,
+                 enable_reuse: bool = False) -> None:
         if num_blocks < 1 or tokens_per_block < 1:
             raise ValueError(f"need >= 1 block of >= 1 token, got {num_blocks} blocks of "
                              f"{tokens_per_block}")
         self.num_blocks = num_blocks
         self.tokens_per_block = tokens_per_block
+        self.enable_reuse = enable_reuse
         self._free = list(range(num_blocks - 1, -1, -1))  # pop() hands out low ids first
         self._refs = [0] * num_blocks
+        self._index = PrefixIndex()
         self.alloc_total_blocks = 0
         self.alloc_new_blocks = 0  # since the last ``start_iteration``
+        self.reused_blocks = 0  # context blocks found named (attached), since the start
+        self.missed_blocks = 0  # context blocks not found (computed), since the start
 
     @property
     def free_blocks(self) -> int:
-        return len(self._free)
+        """Blocks an allocation can take: never named ones plus named ones nobody references."""
+        return len(self._free) + self._index.num_evictable
+
+    @property
+    def reusable_blocks(self) -> int:
+        """Named blocks nobody references (free, but kept for reuse until evicted)."""
+        return self._index.num_evictable
+
+    @property
+    def cache_hit_rate(self) -> float:
+        looked_up = self.reused_blocks + self.missed_blocks
+        return self.reused_blocks / looked_up if looked_up else 0.0
 
     @property
     def used_blocks(self) -> int:
-        return self.num_blocks - len(self._free)
+        """Blocks some sequence references."""
+        return self.num_blocks - self.free_blocks
 
     def refcount(self, block: int) -> int:
         return self._refs[block]
@@ -92,15 +118,59 @@ class BlockManager:
         return list(table)
 
     def release(self, table: list[int]) -> None:
-        """Drop the table's references (blocks nobody else holds go back to the free list) and
-        empty it."""
-        for block in table:
+        """Drop the table's references, last block first (blocks nobody else holds go back to
+        the free list, or, when named, to the reusable ones) and empty it."""
+        for block in reversed(table):
             self._refs[block] -= 1
             if self._refs[block] == 0:
-                self._free.append(block)
+                if self._index.is_named(block):
+                    self._index.park(block)
+                else:
+                    self._free.append(block)
             elif self._refs[block] < 0:
                 raise RuntimeError(f"KV block {block} released more often than referenced")
         table.clear()
+
+    # --- block reuse ---
+
+    def cached_prefix(self, keys: list[bytes]) -> list[int]:
+        """Blocks holding the longest prefix of the chain ``keys`` (nothing is taken; [] with
+        reuse off)."""
+        found: list[int] = []
+        if not self.enable_reuse:
+            return found
+        for key in keys:
+            block = self._index.lookup(key)
+            if block is None:
+                break
+            found.append(block)
+        return found
+
+    def attach_demand(self, blocks: list[int]) -> int:
+        """Free blocks that ``attach`` of ``blocks`` takes: those nobody references now."""
+        return sum(1 for block in blocks if self._refs[block] == 0)
+
+    def attach(self, table: list[int], blocks: list[int], context_blocks: int) -> None:
+        """Start the empty ``table`` with the named ``blocks`` (from ``cached_prefix``), shared.
+        ``context_blocks``: blocks of the whole context being looked up (the rest are counted
+        as missed)."""
+        if table:
+            raise RuntimeError("a cached prefix can only start an empty block table")
+        for block in blocks:
+            if self._refs[block] == 0:
+                self._index.unpark(block)
+            self._refs[block] += 1
+            table.append(block)
+        self.reused_blocks += len(blocks)
+        self.missed_blocks += max(0, context_blocks - len(blocks))
+
+    def name_blocks(self, table: list[int], keys: list[bytes], start: int, end: int) -> None:
+        """Name ``table[i]`` by ``keys[i]`` for ``start <= i < end``: full blocks whose
+        keys/values are computed (never written again)."""
+        if not self.enable_reuse:
+            return
+        for index in range(start, end):
+            self._index.name(table[index], keys[index])
 
     def _last_block_is_shared(self, table: list[int], num_cached: int) -> bool:
         if len(table) != self.blocks_for_tokens(num_cached):
@@ -109,9 +179,13 @@ class BlockManager:
         return num_cached % self.tokens_per_block != 0 and self._refs[table[-1]] > 1
 
     def _allocate(self) -> int:
-        if not self._free:
-            raise RuntimeError("KV cache pool has no free block")
-        block = self._free.pop()
+        if self._free:
+            block = self._free.pop()
+        else:
+            evicted = self._index.evict_oldest()
+            if evicted is None:
+                raise RuntimeError("KV cache pool has no free block")
+            block = evicted
         self._refs[block] = 1
         self.alloc_total_blocks += 1
         self.alloc_new_blocks += 1

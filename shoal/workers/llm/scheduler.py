@@ -16,6 +16,13 @@ Each call to ``schedule`` decides one iteration:
    then the width switches). With STATIC
    batching nothing is admitted while any request runs.
 
+Chunked context (``enable_chunked_context``): generating requests are served first; then a
+context that does not fit what is left of ``max_num_tokens`` gets a chunk of it, a whole number
+of KV blocks (at least one block when nothing else runs), and the rest in later iterations, so
+a long prompt no longer stalls the running generations. Only a request computing one sequence
+(``chunkable``) is chunked; the others keep the rule above. ``Schedule.chunks`` names the
+requests cut short and their tokens.
+
 The scheduler never touches tensors or the clock; the caller releases the blocks of paused
 requests before running the iteration, and calls ``remove`` when a request finishes or is
 cancelled. Threads: executor loop thread only.
@@ -35,16 +42,22 @@ class Schedulable(Protocol):
     request_id: int
     beam_width: int
 
-    def step_tokens(self) -> int:
-        """Tokens the request's next iteration computes."""
+    def step_tokens(self, blocks: BlockManager) -> int:
+        """Tokens the request's next iteration computes when it runs whole (a prefix found in
+        the reused blocks excluded)."""
         ...
 
-    def step_block_demand(self, blocks: BlockManager) -> int:
-        """Free blocks the request's next iteration takes."""
+    def chunkable(self) -> bool:
+        """Whether those tokens may be split over iterations (chunked context)."""
         ...
 
-    def held_blocks(self) -> int:
-        """Blocks freed if the request is paused now."""
+    def step_block_demand(self, blocks: BlockManager, num_tokens: int) -> int:
+        """Free blocks the request's next iteration takes when it computes ``num_tokens`` of
+        them (all of them for a request that is not chunkable)."""
+        ...
+
+    def freeable_blocks(self, blocks: BlockManager) -> int:
+        """Blocks returned to the pool if the request is paused now."""
         ...
 
     def max_block_demand(self, tokens_per_block: int) -> int:
@@ -60,12 +73,16 @@ class Schedule(Generic[R]):
     scheduled: list[R] = field(default_factory=list)  # run this iteration, admission order
     admitted: list[R] = field(default_factory=list)  # newly admitted (also in ``scheduled``)
     paused: list[R] = field(default_factory=list)  # release their blocks before the iteration
+    chunks: dict[int, int] = field(default_factory=dict)  # request id -> tokens, when fewer
+    # than its ``step_tokens`` (a context chunk)
 
 
 class Scheduler(Generic[R]):
     def __init__(self, *, blocks: BlockManager, policy: CapacitySchedulerPolicy,
-                 batching: BatchingType, max_batch_size: int, max_num_tokens: int) -> None:
+                 batching: BatchingType, max_batch_size: int, max_num_tokens: int,
+                 enable_chunked_context: bool = False) -> None:
         self._blocks = blocks
+        self._chunked = enable_chunked_context
         self._policy = policy
         self._batching = batching
         self._max_batch_size = max_batch_size
@@ -104,9 +121,13 @@ class Scheduler(Generic[R]):
         if self._policy is CapacitySchedulerPolicy.MAX_UTILIZATION:
             free = self._pause_until_running_fits(plan, free)
         tokens_left = self._max_num_tokens
-        for request in self._running:
-            tokens = request.step_tokens()
-            if tokens > tokens_left and plan.scheduled:
+        for request in self._in_serving_order():
+            tokens = request.step_tokens(self._blocks)
+            if self._chunked and request.chunkable():
+                tokens = self._grant(request, tokens, tokens_left, plan)
+                if not tokens:
+                    continue
+            elif tokens > tokens_left and plan.scheduled:
                 continue  # waits an iteration; keeps its blocks
             plan.scheduled.append(request)
             tokens_left -= tokens
@@ -115,12 +136,39 @@ class Scheduler(Generic[R]):
         self._admit(plan, free, tokens_left)
         return plan
 
+    def _in_serving_order(self) -> list[R]:
+        if not self._chunked:
+            return self._running
+        # generating requests first: a context chunk takes what they leave
+        return ([r for r in self._running if not r.chunkable()]
+                + [r for r in self._running if r.chunkable()])
+
+    def _grant(self, request: R, tokens: int, tokens_left: int, plan: Schedule[R]) -> int:
+        """Tokens a chunkable request computes this iteration (0: none); records a chunk."""
+        if tokens <= tokens_left:
+            return tokens
+        unit = self._blocks.tokens_per_block
+        granted = tokens_left // unit * unit
+        if granted == 0 and not plan.scheduled:
+            granted = min(tokens, unit)  # a budget under one block still makes progress
+        if 0 < granted < tokens:
+            plan.chunks[request.request_id] = granted
+        return granted
+
+    def _most_tokens(self, request: R) -> int:
+        """An upper bound on the tokens the request computes in the coming iteration."""
+        tokens = request.step_tokens(self._blocks)
+        if self._chunked and request.chunkable():
+            unit = self._blocks.tokens_per_block
+            tokens = min(tokens, max(unit, self._max_num_tokens // unit * unit))
+        return tokens
+
     def _pause_until_running_fits(self, plan: Schedule[R], free: int) -> int:
         keep = list(self._running)
         position = 0
         while position < len(keep):
             request = keep[position]
-            demand = request.step_block_demand(self._blocks)
+            demand = request.step_block_demand(self._blocks, self._most_tokens(request))
             while demand > free and keep[-1] is not request:
                 free += self._pause(keep.pop(), plan)
             if demand > free:
@@ -135,7 +183,7 @@ class Scheduler(Generic[R]):
 
     def _pause(self, request: R, plan: Schedule[R]) -> int:
         plan.paused.append(request)
-        return request.held_blocks()
+        return request.freeable_blocks(self._blocks)
 
     def _admit(self, plan: Schedule[R], free: int, tokens_left: int) -> None:
         if not self._waiting:
@@ -146,19 +194,27 @@ class Scheduler(Generic[R]):
             request = self._waiting[0]
             if request.beam_width != width or any(request is p for p in plan.paused):
                 return
-            tokens = request.step_tokens()
-            oversized = tokens > self._max_num_tokens
-            if tokens > tokens_left and not oversized:
-                return
+            tokens = request.step_tokens(self._blocks)
+            if self._chunked and request.chunkable():
+                oversized = False
+                tokens = self._grant(request, tokens, tokens_left, plan)
+                if not tokens:
+                    return
+            else:
+                oversized = tokens > self._max_num_tokens
+                if tokens > tokens_left and not oversized:
+                    return
             if self._policy is CapacitySchedulerPolicy.GUARANTEED_NO_EVICT:
                 need = request.max_block_demand(self._blocks.tokens_per_block)
                 if reserved + need > self._blocks.num_blocks:
+                    plan.chunks.pop(request.request_id, None)
                     return
                 reserved += need
                 self._reserved[request.request_id] = need
             else:
-                demand = request.step_block_demand(self._blocks)
+                demand = request.step_block_demand(self._blocks, tokens)
                 if demand > free:
+                    plan.chunks.pop(request.request_id, None)
                     return
                 free -= demand
             self._waiting.popleft()

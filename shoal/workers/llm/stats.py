@@ -20,6 +20,11 @@ class KvCacheStats:
     tokens_per_block: int
     alloc_total_blocks: int  # blocks handed out since the executor started
     alloc_new_blocks: int  # blocks handed out in this iteration (copy-on-write copies included)
+    # block reuse (all 0 with it off): context blocks found in the cache / computed, since the
+    # executor started, and reused / (reused + missed)
+    reused_blocks: int = 0
+    missed_blocks: int = 0
+    cache_hit_rate: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -64,6 +69,8 @@ class RequestStats:
     paused: bool
     num_kv_blocks: int  # blocks the request holds after the iteration
     avg_num_decoded_tokens_per_iter: float = 1.0
+    reused_blocks_per_request: int = 0  # context blocks taken from the cache (block reuse)
+    missed_blocks_per_request: int = 0  # context blocks computed
 
 
 @dataclass(frozen=True)

@@ -51,7 +51,8 @@ class StatsCollector:
                 max_num_blocks=blocks.num_blocks, free_num_blocks=blocks.free_blocks,
                 used_num_blocks=blocks.used_blocks, tokens_per_block=blocks.tokens_per_block,
                 alloc_total_blocks=blocks.alloc_total_blocks,
-                alloc_new_blocks=blocks.alloc_new_blocks),
+                alloc_new_blocks=blocks.alloc_new_blocks, reused_blocks=blocks.reused_blocks,
+                missed_blocks=blocks.missed_blocks, cache_hit_rate=blocks.cache_hit_rate),
             inflight_batching_stats=InflightBatchingStats(
                 num_scheduled_requests=len(report.scheduled),
                 num_context_requests=len(report.context_ids),
@@ -90,7 +91,9 @@ class StatsCollector:
                 context_prefill_position=_prefill_position(state),
                 num_generated_tokens=state.max_generated(),
                 scheduled=state.request_id in scheduled, paused=state.paused,
-                num_kv_blocks=state.held_blocks()))
+                num_kv_blocks=state.held_blocks(),
+                reused_blocks_per_request=state.reused_blocks,
+                missed_blocks_per_request=state.missed_blocks))
         return RequestStatsPerIteration(iter=self._iteration, request_stats=entries)
 
     def take_iterations(self) -> list[IterationStats]:

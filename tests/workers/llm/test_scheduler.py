@@ -21,13 +21,18 @@ class Fake:
     held: int = 0  # blocks freed if paused
     max_demand: int = 1  # blocks reserved under GUARANTEED_NO_EVICT
 
-    def step_tokens(self) -> int:
+    chunk: bool = False  # a context that may be split (chunked context)
+
+    def step_tokens(self, blocks: BlockManager) -> int:
         return self.tokens
 
-    def step_block_demand(self, blocks: BlockManager) -> int:
+    def chunkable(self) -> bool:
+        return self.chunk
+
+    def step_block_demand(self, blocks: BlockManager, num_tokens: int) -> int:
         return self.demand
 
-    def held_blocks(self) -> int:
+    def freeable_blocks(self, blocks: BlockManager) -> int:
         return self.held
 
     def max_block_demand(self, tokens_per_block: int) -> int:
@@ -36,11 +41,13 @@ class Fake:
 
 def make(policy: CapacitySchedulerPolicy = NO_EVICT, *, blocks: int = 100,
          batching: BatchingType = BatchingType.INFLIGHT, max_batch_size: int = 8,
-         max_num_tokens: int = 1000) -> tuple[Scheduler[Fake], BlockManager]:
+         max_num_tokens: int = 1000,
+         chunked: bool = False) -> tuple[Scheduler[Fake], BlockManager]:
     manager = BlockManager(blocks, 4)
     scheduler: Scheduler[Fake] = Scheduler(blocks=manager, policy=policy, batching=batching,
                                            max_batch_size=max_batch_size,
-                                           max_num_tokens=max_num_tokens)
+                                           max_num_tokens=max_num_tokens,
+                                           enable_chunked_context=chunked)
     return scheduler, manager
 
 
@@ -205,3 +212,38 @@ def test_remove_forgets_waiting_requests_and_reservations() -> None:
     assert scheduler.remove(1) is not None and scheduler.remove(1) is None
     scheduler.add(Fake(3, max_demand=10))
     assert ids(scheduler.schedule().admitted) == [3]
+
+
+def test_chunked_context_takes_whole_blocks_of_what_generations_leave() -> None:
+    scheduler, _ = make(max_num_tokens=20, chunked=True)  # blocks of 4 tokens
+    gen_a, context, gen_b = Fake(1), Fake(2, tokens=50, chunk=True), Fake(3)
+    for request in (gen_a, context, gen_b):
+        scheduler.add(request)
+    first = scheduler.schedule()
+    # admission order: the context gets the 19 tokens gen_a leaves, cut to whole blocks (16);
+    # gen_b fits in the 3 left
+    assert ids(first.scheduled) == [1, 2, 3] and first.chunks == {2: 16}
+    context.tokens = 34
+    plan = scheduler.schedule()
+    # running generations are served first; the chunk takes 20 - 2 = 18 -> 16 tokens
+    assert ids(plan.scheduled) == [1, 3, 2] and plan.chunks == {2: 16}
+    context.tokens = 18  # the last piece fits: not cut
+    plan = scheduler.schedule()
+    assert ids(plan.scheduled) == [1, 3, 2] and plan.chunks == {}
+
+
+def test_chunk_under_one_block_only_when_nothing_else_runs() -> None:
+    scheduler, _ = make(max_num_tokens=3, chunked=True)
+    scheduler.add(Fake(1, tokens=10, chunk=True))
+    plan = scheduler.schedule()
+    assert ids(plan.scheduled) == [1] and plan.chunks == {1: 4}  # one block: progress
+
+
+def test_without_chunking_a_long_context_runs_alone() -> None:
+    scheduler, _ = make(max_num_tokens=20)
+    generating = Fake(1)
+    scheduler.add(generating)
+    scheduler.schedule()
+    scheduler.add(Fake(2, tokens=50, chunk=True))
+    plan = scheduler.schedule()
+    assert ids(plan.scheduled) == [2] and plan.chunks == {}
