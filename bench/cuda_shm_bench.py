@@ -28,6 +28,8 @@ import sys
 import tempfile
 from collections.abc import Iterator
 
+import numpy as np
+
 from bench import servers
 from bench.shm_bench import timed
 
@@ -106,7 +108,7 @@ def measure(port: int, size_mb: int, repeat: int) -> dict[str, float]:
             infer()
 
         round_trip()
-        got = cudashm.get_contents_as_numpy(regions[1], "FP32", [count])
+        got = cudashm.get_contents_as_numpy(regions[1], np.float32, [count])
         if not (got == x.cpu().numpy()).all():
             raise RuntimeError("CUDA shared-memory round trip returned wrong data")
         return {"d2d": timed(d2d, repeat * 3), "round_trip": timed(round_trip, repeat),
