@@ -73,6 +73,9 @@ def test_an_allowed_root_admits_an_absolute_checkpoint(tmp_path: pathlib.Path) -
     ({"checkpoint_dir": "checkpoint", "kv_cache_free_gpu_mem_fraction": "0.5"}, "KIND_GPU"),
     ({"checkpoint_dir": "checkpoint", "kv_cache_free_gpu_mem_fraction": "1.5"}, "(0, 1]"),
     ({"checkpoint_dir": "checkpoint", "max_batch": "4"}, "max_batch"),
+    ({"checkpoint_dir": "checkpoint", "enable_kv_cache_reuse": "maybe"},
+     "enable_kv_cache_reuse"),
+    ({"checkpoint_dir": "checkpoint", "enable_chunked_context": "2"}, "enable_chunked_context"),
 ])
 def test_bad_parameters_are_refused_by_name(tmp_path: pathlib.Path,
                                             parameters: dict[str, str], named: str) -> None:
@@ -80,3 +83,15 @@ def test_bad_parameters_are_refused_by_name(tmp_path: pathlib.Path,
     with pytest.raises(ShoalError) as caught:
         read_settings(parameters, str(model), "cpu", {})
     assert named in caught.value.message
+
+
+def test_block_reuse_is_on_and_chunked_context_off_unless_configured(
+        tmp_path: pathlib.Path) -> None:
+    model = _model(tmp_path)
+    default = read_settings({"checkpoint_dir": "checkpoint"}, str(model), "cpu", {})
+    assert default.executor_config.kv_cache_config.enable_block_reuse
+    assert not default.executor_config.enable_chunked_context
+    flipped = read_settings({"checkpoint_dir": "checkpoint", "enable_kv_cache_reuse": "false",
+                             "enable_chunked_context": "True"}, str(model), "cpu", {})
+    assert not flipped.executor_config.kv_cache_config.enable_block_reuse
+    assert flipped.executor_config.enable_chunked_context
