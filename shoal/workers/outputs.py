@@ -9,11 +9,15 @@ into a client region need no lease. Callers serialize calls (the worker holds it
 An output may be a torch tensor (any device): it goes tensor to tensor into a CUDA region, and
 to the host first anywhere else. Copies into CUDA regions may still run when a call returns: the
 caller synchronizes (``DeviceRegions.synchronize``) before it answers.
+
+Lent slots (``output_lending.OutputLender``): an output the backend wrote into a slot lent to it
+before the run is referenced in place (no copy), and the lent slots an answer references belong
+to that call's lease as well.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from shoal.dtypes import element_size, is_datatype
@@ -24,6 +28,7 @@ from shoal.shm.client_regions import ClientRegions
 from shoal.shm.tensors import wire_nbytes, write_array
 from shoal.workers.backends.base import BackendResponse, OutputTensor
 from shoal.workers.device_regions import DeviceRegions, host_array, is_torch_tensor
+from shoal.workers.output_lending import OutputLender
 
 _ALIGN = 64
 
@@ -34,8 +39,9 @@ def _align(n: int) -> int:
 
 @dataclass
 class _LeaseEntry:
-    slot: Slot
+    slot: Slot | None  # None when every arena output of the call was written in a lent slot
     remaining: int
+    lent: list[Slot] = field(default_factory=list)  # lent slots the call's answers reference
 
 
 @dataclass
@@ -46,17 +52,25 @@ class _Placed:
     sizes: list[int]
     targets: list[OutputTarget | None]
     parameters: dict[str, str | int | float | bool]
+    in_place: list[tuple[Slot, int] | None]  # (lent slot, offset) of outputs written there
 
     @property
     def arena_bytes(self) -> int:
-        return sum(_align(n) for n, t in zip(self.sizes, self.targets, strict=True) if t is None)
+        """Bytes to copy into the call's own slot."""
+        return sum(_align(n) for n, t, lent in zip(self.sizes, self.targets, self.in_place,
+                                                   strict=True) if t is None and lent is None)
+
+    @property
+    def holds_lease(self) -> bool:
+        return self.arena_bytes > 0 or any(lent is not None for lent in self.in_place)
 
 
 class OutputWriter:
     def __init__(self, instance: str, arena: Arena, client: ClientRegions,
-                 device: DeviceRegions) -> None:
+                 device: DeviceRegions, lender: OutputLender | None = None) -> None:
         self._instance = instance
         self._arena = arena
+        self._lender = lender
         self._client = client
         self._device = device
         self._leases: dict[int, _LeaseEntry] = {}
@@ -72,7 +86,10 @@ class OutputWriter:
         entry.remaining -= 1
         if entry.remaining <= 0:
             del self._leases[lease_id]
-            self._arena.free(entry.slot)
+            if entry.slot is not None:
+                self._arena.free(entry.slot)
+            for slot in entry.lent:
+                self._arena.free(slot)
 
     def write_results(
         self,
@@ -83,8 +100,9 @@ class OutputWriter:
         """Copy a batch's responses out; returns one Result per request and the shared lease."""
         placed = [self._place(resp, req) if isinstance(resp, BackendResponse) else resp
                   for resp, req in zip(responses, requested, strict=True)]
-        holders = [p for p in placed if isinstance(p, _Placed) and p.arena_bytes]
-        slot, lease = self._lease(sum(p.arena_bytes for p in holders), len(holders))
+        holders = [p for p in placed if isinstance(p, _Placed) and p.holds_lease]
+        slot, lease = self._lease(sum(p.arena_bytes for p in holders), len(holders),
+                                  [lent[0] for p in holders for lent in p.in_place if lent])
         results: list[Result] = []
         position = 0
         for request_id, entry in zip(request_ids, placed, strict=True):
@@ -94,7 +112,7 @@ class OutputWriter:
             try:
                 refs, position = self._write(entry, slot, position)
             except ShoalError as exc:
-                if lease is not None and entry.arena_bytes:
+                if lease is not None and entry.holds_lease:
                     self.release(lease.lease_id)  # this response will not hold the lease
                 results.append(Result(request_id, error=Error(exc.code, exc.message)))
                 continue
@@ -107,7 +125,8 @@ class OutputWriter:
         placed = self._place(response, requested)
         if isinstance(placed, Error):
             raise ShoalError(placed.code, placed.message)
-        slot, lease = self._lease(placed.arena_bytes, 1 if placed.arena_bytes else 0)
+        slot, lease = self._lease(placed.arena_bytes, 1 if placed.holds_lease else 0,
+                                  [lent[0] for lent in placed.in_place if lent])
         try:
             refs, _ = self._write(placed, slot, 0)
         except ShoalError:
@@ -116,13 +135,18 @@ class OutputWriter:
             raise
         return refs, placed.parameters, lease
 
-    def _lease(self, nbytes: int, holders: int) -> tuple[Slot | None, Lease | None]:
+    def _lease(self, nbytes: int, holders: int, lent: list[Slot]
+               ) -> tuple[Slot | None, Lease | None]:
         if not holders:
             return None, None
-        slot = self._arena.allocate(nbytes)
+        slot = self._arena.allocate(nbytes) if nbytes else None
+        unique = list({id(s): s for s in lent}.values())
+        for lent_slot in unique:
+            assert self._lender is not None
+            self._lender.claim(lent_slot)
         lease_id = self._next_id
         self._next_id += 1
-        self._leases[lease_id] = _LeaseEntry(slot, holders)
+        self._leases[lease_id] = _LeaseEntry(slot, holders, unique)
         return slot, Lease(self._instance, lease_id)
 
     def _place(self, response: BackendResponse, requested: list[RequestedOutput]
@@ -134,20 +158,27 @@ class OutputWriter:
         targets = [by_name.get(t.name) for t in tensors]
         tensors = [_for_target(t, target) for t, target in zip(tensors, targets, strict=True)]
         sizes = [_output_nbytes(t.array, t.datatype) for t in tensors]
+        in_place = [self._lender.locate(t.array, n) if self._lender and target is None else None
+                    for t, n, target in zip(tensors, sizes, targets, strict=True)]
         for tensor, size, target in zip(tensors, sizes, targets, strict=True):
             if target is not None and size > target.nbytes:
                 return Error(ErrorCode.INVALID_ARG,
                              f"shared memory size specified with the request for output "
                              f"'{tensor.name}' ({target.nbytes} bytes) should be at least "
                              f"{size} bytes to hold the results")
-        return _Placed(tensors, sizes, targets, dict(response.parameters))
+        return _Placed(tensors, sizes, targets, dict(response.parameters), in_place)
 
     def _write(self, placed: _Placed, slot: Slot | None, position: int
                ) -> tuple[list[TensorRef], int]:
         refs: list[TensorRef] = []
-        for tensor, nbytes, target in zip(placed.tensors, placed.sizes, placed.targets,
-                                          strict=True):
+        for tensor, nbytes, target, lent in zip(placed.tensors, placed.sizes, placed.targets,
+                                                placed.in_place, strict=True):
             shape = [int(d) for d in tensor.array.shape]
+            if lent is not None:  # the backend wrote it into a lent slot: no copy
+                lent_slot, offset = lent
+                refs.append(TensorRef(tensor.name, tensor.datatype, shape, lent_slot.region,
+                                      lent_slot.offset + offset, nbytes))
+                continue
             if target is not None and target.cuda is not None:
                 written = self._device.write_output(target, tensor.array, tensor.datatype,
                                                     tensor.name)

@@ -80,6 +80,7 @@ from shoal.workers.lifecycle import (
     ignore_group_signals,
     setup_logging,
 )
+from shoal.workers.output_lending import OutputLender
 from shoal.workers.outputs import OutputWriter, error_of
 from shoal.workers.sequence_state import (
     requested_with_states,
@@ -107,8 +108,9 @@ class WorkerProc:
         self.arena = Arena(spec.arena_prefix, settings.shm_segment_bytes,
                            settings.shm_arena_max_bytes)
         self.device_regions = DeviceRegions(LazyCudaIpc())  # libcuda only at the first CUDA ref
+        self.lender = OutputLender(self.arena)  # open only while a batch runs (see execute)
         self.outputs = OutputWriter(spec.identity, self.arena, self.client_regions,
-                                    self.device_regions)
+                                    self.device_regions, self.lender)
         self.output_lock = threading.Lock()
         self.bls = BlsClient(spec, settings, self.context)  # connects at the first BLS call
         # decoupled requests still answering: execution id -> the request (outputs wanted)
@@ -141,6 +143,7 @@ class WorkerProc:
             kind=self.spec.kind, device=device, device_id=self.spec.device_id,
             backend_settings=backend_settings, send_response=responses,
             is_cancelled=self.cancelled.__contains__, bls=self.bls,
+            lend_output=None if self.decoupled else self._lend_output,
         )
         backend = create_backend(self.spec.backend, self.spec.model_dir, self.spec.version_dir,
                                  self.settings.backend_directory)
@@ -148,6 +151,11 @@ class WorkerProc:
         self.backend = backend
         run_warmup(backend, build_samples(config, self.spec.model_dir), responses,
                    decoupled=self.decoupled)  # before WorkerReady: not READY until warmed up
+
+    def _lend_output(self, nbytes: int) -> memoryview | None:
+        """InstanceContext.lend_output (main thread, inside ``backend.execute``)."""
+        with self.output_lock:
+            return self.lender.lend(nbytes)
 
     def serve(self) -> None:
         self.socket.send_multipart(encode(WorkerReady(self.spec.identity, os.getpid())))
@@ -212,6 +220,9 @@ class WorkerProc:
         requests, errors = (self._sequence_requests(batch) if batch.rows
                             else self._batch_requests(batch))
         t1 = time.monotonic_ns()
+        if not self.decoupled:
+            with self.output_lock:
+                self.lender.open()  # closed once the answers are written, below
         try:
             responses = list(self.backend.execute(requests)) if requests else []
             if len(responses) != len(requests):
@@ -245,6 +256,8 @@ class WorkerProc:
                 error = error_of(exc)
                 results = [Result(r.request_id, error=error) for r in batch.requests]
                 lease = None
+            finally:
+                self.lender.close()  # frees the lent slots no answer references
         if states:
             results = [msgspec.structs.replace(r, states=states[r.request_id])
                        if r.error is None and r.request_id in states else r for r in results]

@@ -244,3 +244,35 @@ def test_ragged_inputs_batch_input_and_scattered_output(tmp_path: pathlib.Path) 
     for n, result in zip(lengths, got, strict=True):
         np.testing.assert_array_equal(result["OUT"], np.arange(n, dtype=np.float32)[None] * 2)
         assert result["COUNT_OUT"].tolist() == [[n]]
+
+
+def test_fixed_shape_outputs_are_written_into_lent_arena_slots(
+        tmp_path: pathlib.Path, shm_prefix: str) -> None:
+    """With the worker lending arena slots, ONNX Runtime writes each fixed-shape output straight
+    into one: every request's output lies inside a lent slot, so the worker never copies it."""
+    import dataclasses
+
+    from shoal.shm.arena import Arena
+    from shoal.workers.output_lending import OutputLender
+
+    arena = Arena(shm_prefix + "w-", 1 << 16, 1 << 20)
+    lender = OutputLender(arena)
+    ctx = dataclasses.replace(make_context(tmp_path / "m", ADD_SUB), lend_output=lender.lend)
+    (pathlib.Path(ctx.version_dir) / "model.onnx").write_bytes(models.add_sub())
+    backend = OnnxruntimeBackend()
+    backend.load(ctx)
+    lender.open()
+    data = np.arange(12, dtype=np.float32).reshape(3, 4)
+    answers = backend.execute([make_request(0, {"INPUT0": data[:1], "INPUT1": data[:1]}),
+                               make_request(1, {"INPUT0": data[1:], "INPUT1": data[1:]},
+                                            batch_size=2)])
+    assert lender.lent_count == 2  # one slot per output for the whole batch
+    for answer, rows in zip(answers, (data[:1], data[1:]), strict=True):
+        got = outputs(answer)
+        np.testing.assert_array_equal(got["OUTPUT0"], rows * 2)
+        for array in got.values():
+            assert lender.locate(array, array.nbytes) is not None, "output not in a lent slot"
+    backend.unload()
+    del answers, got, array
+    lender.close()
+    arena.close()

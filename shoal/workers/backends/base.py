@@ -67,6 +67,11 @@ class InstanceContext:
     is_cancelled: CancelProbe | None = None
     # Calls to other models of the server (BLS) and model control; connects on first use.
     bls: BlsClient | None = None
+    # Non-decoupled models: a writable view of ``nbytes`` bytes of the worker's output arena,
+    # for an output the backend writes before returning it (the worker then references it where
+    # it is instead of copying it; ``workers/output_lending.py``). None outside a batch
+    # (warmup) or when the worker has no arena to lend.
+    lend_output: Callable[[int], memoryview | None] | None = None
 
 
 @dataclass

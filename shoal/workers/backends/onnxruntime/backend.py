@@ -112,7 +112,8 @@ class OnnxruntimeBackend:
                              f"model '{ctx.model_name}': a model with both BYTES and BF16 "
                              "tensors is not supported by the onnxruntime backend")
         self._bf16_inputs = frozenset(t.name for t in graph_inputs if t.datatype == "BF16")
-        self._runner = OrtRun(ort, session, run_options(ort, config), strings="BYTES" in types)
+        self._runner = OrtRun(ort, session, run_options(ort, config), strings="BYTES" in types,
+                              lend=ctx.lend_output)
         logger.info("onnxruntime instance '%s': providers %s, %d intra-op thread(s)",
                     self._name, session.get_providers(), options.intra_op_num_threads)
 
@@ -201,9 +202,11 @@ class OnnxruntimeBackend:
         wanted = [spec.name for spec in self._outputs]
         wanted += [name for name, _ in self._state_outputs if name not in specs]
         types = {**{s.name: s.datatype for s in self._outputs}, **dict(self._state_outputs)}
-        bf16_shapes = {name: self._bf16_shape(specs.get(name), name, total)
-                       for name in wanted if types[name] == "BF16"}
-        produced = self._runner.run(feeds, self._bf16_inputs, wanted, bf16_shapes)
+        shapes = {name: self._known_shape(specs.get(name), name, types[name], total)
+                  for name in wanted}
+        known = {name: (types[name], shape) for name, shape in shapes.items()
+                 if shape is not None}
+        produced = self._runner.run(feeds, self._bf16_inputs, wanted, known)
         pieces: dict[str, list[Array]] = {}
         for name in wanted:
             pieces[name] = self._split(specs.get(name), name, produced[name], sizes,
@@ -224,14 +227,20 @@ class OnnxruntimeBackend:
             return as_strings(spec.name, joined)
         return joined
 
-    def _bf16_shape(self, spec: IoSpec | None, name: str, total: int) -> tuple[int, ...]:
+    def _known_shape(self, spec: IoSpec | None, name: str, datatype: str,
+                     total: int) -> tuple[int, ...] | None:
+        """The full shape of output ``name`` before the run when the config fixes it (then it
+        is written into a lent arena buffer), else None. A BF16 output must have one."""
+        scattered = name in self._ragged.scatter_outputs
         dims = _model_dims(spec) if spec else self._state_dims.get(name)
-        prefix = (total,) if self._max_batch > 0 else ()
-        if dims is None or any(d < 0 for d in dims):
-            raise ShoalError(ErrorCode.UNSUPPORTED,
-                             f"output '{name}' is BF16 with a variable shape: the onnxruntime "
-                             "backend needs the full shape of a BF16 output in the config")
-        return prefix + tuple(dims)
+        if datatype == "BYTES" or scattered or dims is None or any(d < 0 for d in dims):
+            if datatype == "BF16":
+                raise ShoalError(ErrorCode.UNSUPPORTED,
+                                 f"output '{name}' is BF16 with a variable shape: the "
+                                 "onnxruntime backend needs the full shape of a BF16 output "
+                                 "in the config")
+            return None
+        return ((total,) if self._max_batch > 0 else ()) + tuple(dims)
 
     def _split(self, spec: IoSpec | None, name: str, array: Array, sizes: list[int],
                source_shapes: list[dict[str, tuple[int, ...]]]) -> list[Array]:

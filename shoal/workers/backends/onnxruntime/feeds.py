@@ -2,9 +2,12 @@
 
 Numeric tensors go through IO binding with no copy: each input is an ``OrtValue`` over the
 request's shared-memory view (or over the zero-copy view spanning a batch whose slices lie back
-to back; else over one concatenation), and each output is read as a numpy view of the
-``OrtValue`` ONNX Runtime allocated (``BF16``: a uint16 buffer of ours, bound before the run,
-since numpy has no bfloat16). The worker then copies each output once into its output arena.
+to back; else over one concatenation). An output whose full shape is known before the run
+(fixed dims in the config) is bound to a buffer the worker lends from its output arena
+(``InstanceContext.lend_output``): ONNX Runtime writes it there and the worker references it
+in place, so it is never copied. Any other output is read as a numpy view of the ``OrtValue`` ONNX
+Runtime allocated, which the worker copies once into its arena. BF16 outputs need a known shape
+(numpy has no bfloat16: they are bound as uint16 buffers typed bfloat16).
 
 ONNX Runtime's Python API cannot bind string tensors, so a model with a BYTES input or output
 runs with ``session.run`` (numeric inputs still passed as views). Its strings are UTF-8: BYTES
@@ -17,12 +20,13 @@ next run, so the output views stay valid until the worker has copied them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from shoal.dtypes import numpy_dtype
 from shoal.errors import invalid_arg
 from shoal.workers.backends.onnxruntime.graph_io import ONNX_BFLOAT16
 from shoal.workers.batch_assembly import adjacent_view
@@ -62,8 +66,10 @@ def as_bytes(array: Array) -> Array:
 class OrtRun:
     """Runs one session with IO binding or ``session.run`` (see the module docstring)."""
 
-    def __init__(self, ort: Any, session: Any, run_options: Any, *, strings: bool) -> None:
+    def __init__(self, ort: Any, session: Any, run_options: Any, *, strings: bool,
+                 lend: Callable[[int], memoryview | None] | None = None) -> None:
         self._ort = ort
+        self._lend = lend
         self._session = session
         self._run_options = run_options
         self._strings = strings
@@ -72,10 +78,10 @@ class OrtRun:
         self.bound_inputs: dict[str, int] = {}
 
     def run(self, feeds: Mapping[str, Array], bf16_inputs: frozenset[str],
-            outputs: Sequence[str], bf16_shapes: Mapping[str, tuple[int, ...]]
+            outputs: Sequence[str], known: Mapping[str, tuple[str, tuple[int, ...]]]
             ) -> dict[str, Array]:
-        """Output name -> array (BF16 as uint16). ``bf16_shapes`` gives the full shape of each
-        BF16 output (they must be known before the run)."""
+        """Output name -> array (BF16 as uint16). ``known`` gives the wire data type and full
+        shape of each output whose shape is known before the run (every BF16 output must be)."""
         self._kept = []
         self.bound_inputs = {}
         if self._strings:
@@ -91,12 +97,14 @@ class OrtRun:
             binding.bind_ortvalue_input(name, value)
         ours: dict[str, Array] = {}
         for name in outputs:
-            shape = bf16_shapes.get(name)
-            if shape is None:
+            spec = known.get(name)
+            if spec is None:
                 binding.bind_output(name, "cpu")
                 continue
-            buffer = np.empty(shape, dtype=np.uint16)
-            value = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(buffer, ONNX_BFLOAT16)
+            datatype, shape = spec
+            buffer = self._output_buffer(datatype, shape)
+            value = (ort.OrtValue.ortvalue_from_numpy_with_onnx_type(buffer, ONNX_BFLOAT16)
+                     if datatype == "BF16" else ort.OrtValue.ortvalue_from_numpy(buffer))
             self._kept.append(value)
             binding.bind_ortvalue_output(name, value)
             ours[name] = buffer
@@ -105,6 +113,15 @@ class OrtRun:
         self._kept.extend(values)
         return {name: ours[name] if name in ours else value.numpy()
                 for name, value in zip(outputs, values, strict=True)}
+
+    def _output_buffer(self, datatype: str, shape: tuple[int, ...]) -> Array:
+        """A lent arena buffer for the output when the worker lends one, else a new array."""
+        dtype = numpy_dtype(datatype)
+        count = int(np.prod(shape, dtype=np.int64))
+        view = self._lend(count * dtype.itemsize) if self._lend is not None and count else None
+        if view is None:
+            return np.empty(shape, dtype=dtype)
+        return np.frombuffer(view, dtype=dtype, count=count).reshape(shape)
 
     def _run_plain(self, feeds: Mapping[str, Array], outputs: Sequence[str]) -> dict[str, Array]:
         results = self._session.run(list(outputs), dict(feeds), self._run_options)
