@@ -41,7 +41,7 @@ def test_defaults_and_off_values_are_accepted() -> None:
 @pytest.mark.parametrize(("body", "param"), [
     ({"tools": [{"type": "function"}]}, "tools"),
     ({"logprobs": 2}, "logprobs"),
-    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"response_format": {"type": "xml"}}, "response_format.type"),
     ({"frequency_penalty": 0.5}, "frequency_penalty"),
     ({"whatever": 1}, "whatever"),
     ({"n": MAX_N + 1}, "n"),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -20,6 +21,9 @@ from shoal.workers.llm.results import beam_results, cancelled_results, sampling_
 from shoal.workers.llm.sampling import TokenRow, choose_tokens, process_logits
 from shoal.workers.llm.scheduler import Scheduler
 from shoal.workers.llm.sequence import RequestState, Sequence
+
+if TYPE_CHECKING:
+    from shoal.workers.llm.guided.decoder import GuidedDecoder
 
 logger = logging.getLogger(__name__)
 
@@ -45,8 +49,6 @@ class _Batch:
     logits_rows: list[int] = field(default_factory=list)
     last_row: dict[int, int] = field(default_factory=dict)  # id(Sequence) -> index in logits
     context_rows: dict[int, tuple[int, int]] = field(default_factory=dict)  # request id -> rows
-    partial: dict[int, int] = field(default_factory=dict)  # request id -> tokens of a context
-    # chunk that does not complete its context (no logits row, no token chosen)
 
 
 class Engine:
@@ -59,6 +61,7 @@ class Engine:
         self.blocks = blocks
         self.scheduler = scheduler
         self.requests: dict[int, RequestState] = {}
+        self.guided: GuidedDecoder | None = None  # masks the logits of guided requests
 
     @property
     def has_work(self) -> bool:
@@ -97,19 +100,12 @@ class Engine:
             logger.debug("request %d paused to free KV blocks", state.request_id)
         if not plan.scheduled:
             return report
-        for state in plan.scheduled:
-            state.attach_cached_prefix(self.blocks)  # block reuse
-        batch = self._pack(plan.scheduled, report, plan.chunks)
+        batch = self._pack(plan.scheduled, report)
         logits = self._run_model(batch)
-        decoding = [s for s in plan.scheduled if s.request_id not in batch.partial]
-        failed = self.post_processing.apply_to_iteration(logits, decoding, batch.last_row)
+        failed = self.post_processing.apply_to_iteration(logits, plan.scheduled, batch.last_row)
         argmax = logits.argmax(dim=-1).tolist()  # one call serves every greedy sequence
         for state in plan.scheduled:
             state.paused = False
-            if state.request_id in batch.partial:  # chunked context, not complete yet
-                state.advance_chunk(self.blocks, batch.partial[state.request_id])
-                continue
-            state.mark_computed(self.blocks)
             if state.request_id in failed:  # its logits post-processor raised: it alone ends
                 self._complete(state)
                 report.completed.append(state.request_id)
@@ -126,8 +122,7 @@ class Engine:
                 report.completed.append(state.request_id)
         return report
 
-    def _pack(self, scheduled: list[RequestState], report: StepReport,
-              chunks: dict[int, int]) -> _Batch:
+    def _pack(self, scheduled: list[RequestState], report: StepReport) -> _Batch:
         batch = _Batch()
         copies: list[tuple[int, int]] = []
         for state in scheduled:
@@ -135,20 +130,15 @@ class Engine:
                 report.context_ids.add(state.request_id)
             for seq in state.active:
                 new = len(seq.tokens) - seq.num_cached
-                chunk = chunks.get(state.request_id, new)
-                if chunk < new:
-                    new = batch.partial[state.request_id] = chunk
                 copies += self.blocks.prepare_write(seq.block_table, seq.num_cached, new)
                 start = len(batch.token_ids)
                 batch.spans.append(SequenceSpan(start, new, seq.num_cached, seq.block_table))
-                batch.token_ids += seq.tokens[seq.num_cached:seq.num_cached + new]
-                batch.positions += range(seq.num_cached, seq.num_cached + new)
-                if state.in_context_phase:
+                batch.token_ids += seq.tokens[seq.num_cached:]
+                batch.positions += range(seq.num_cached, len(seq.tokens))
+                if seq.num_cached == 0:
                     report.num_ctx_tokens += new
                 else:
                     report.num_gen_tokens += new
-                if state.request_id in batch.partial:
-                    continue
                 if (state.request.output_config.return_context_logits
                         and state.context_logits is None and seq.num_generated == 0):
                     first = len(batch.logits_rows)
@@ -186,11 +176,17 @@ class Engine:
         want_log_probs = state.request.output_config.return_log_probs
         rows = [TokenRow(state.params, s.tokens, s.num_generated, s.generator, want_log_probs)
                 for s in touched]
-        choices = choose_tokens(logits, rows, argmax)
+        choosing: torch.Tensor = logits
+        known_argmax: list[int] | None = argmax
+        if self.guided is not None and state.request.guided_decoding_params is not None:
+            choosing, known_argmax = self.guided.constrain(state, touched, logits), None
+        choices = choose_tokens(choosing, rows, known_argmax)
         tops = top_log_probs(logits, rows, state.request.output_config.num_top_log_probs)
         for seq, row_logits, (token, log_prob), top in zip(touched, logits, choices, tops,
                                                            strict=True):
             self._append(state, seq, token, log_prob, row_logits, top)
+        if self.guided is not None:
+            self.guided.advance(state, touched)
         state.active = [s for s in touched if not s.finished]
         for seq in touched:
             if seq.finished:

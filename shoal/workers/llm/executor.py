@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, overload
 from shoal.errors import unavailable
 from shoal.workers.llm.config import ExecutorConfig
 from shoal.workers.llm.engine import Engine
+from shoal.workers.llm.guided.decoder import GuidedDecoder, guided_request_error
 from shoal.workers.llm.kv_cache import BlockManager, KvCachePool
 from shoal.workers.llm.logits.post_process import LogitsPostProcessing
 from shoal.workers.llm.models import load_model
@@ -68,19 +69,21 @@ class Executor:
             num_layers=spec.num_layers, num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim,
             num_blocks=num_blocks, tokens_per_block=tokens_per_block, dtype=self.model.dtype,
             device=config.device, workspace=workspace)
-        self.blocks = BlockManager(num_blocks, tokens_per_block,
-                                   enable_reuse=config.kv_cache_config.enable_block_reuse)
+        self.blocks = BlockManager(num_blocks, tokens_per_block)
         scheduler: Scheduler[RequestState] = Scheduler(
             blocks=self.blocks, policy=config.scheduler_config.capacity_scheduler_policy,
             batching=config.batching_type, max_batch_size=config.max_batch_size,
-            max_num_tokens=config.max_num_tokens,
-            enable_chunked_context=config.enable_chunked_context)
+            max_num_tokens=config.max_num_tokens)
         post_processing = LogitsPostProcessing(config.logits_post_processor_config)
         self._engine = Engine(self.model, self.kv, self.blocks, scheduler, post_processing)
         self.limits = Limits(vocab_size=spec.vocab_size, max_beam_width=config.max_beam_width,
                              max_seq_len=max_seq_len, num_blocks=num_blocks,
                              tokens_per_block=tokens_per_block,
                              logits_post_processors=post_processing.names)
+        self._guided: GuidedDecoder | None = None
+        if config.guided_decoding_config is not None:
+            self._guided = GuidedDecoder(config.guided_decoding_config, spec.vocab_size)
+        self._engine.guided = self._guided
         self._stats = StatsCollector(config, self.blocks)
         self._last_id = 0  # request ids are 1, 2, ...
         self._order = itertools.count()
@@ -104,7 +107,7 @@ class Executor:
         return self.enqueue_requests([request])[0]
 
     def enqueue_requests(self, requests: list[Request]) -> list[int]:
-        checked = [(copy.deepcopy(r), request_error(r, self.limits)) for r in requests]
+        checked = [(copy.deepcopy(r), self.check_request(r)) for r in requests]
         now = time.monotonic()
         ids: list[int] = []
         with self._lock:
@@ -122,6 +125,11 @@ class Executor:
             self._work.notify()
             self._ready.notify_all()
         return ids
+
+    def check_request(self, request: Request) -> str | None:
+        """The first problem ``enqueue_request`` would answer ``request`` with (a message for
+        the client), or None. Compiles a guided request's grammar (then cached)."""
+        return request_error(request, self.limits) or guided_request_error(request, self._guided)
 
     def cancel_request(self, request_id: int) -> None:
         """Ask for the request to end; it answers with a final result whose finish reason is

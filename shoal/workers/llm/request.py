@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, ClassVar
 if TYPE_CHECKING:
     import torch
 
+    from shoal.workers.llm.guided.params import GuidedDecodingParams
+
 
 class FinishReason(enum.Enum):
     NOT_FINISHED = 0
@@ -112,6 +114,8 @@ class Request:
     client_id: int | None = None
     return_all_generated_tokens: bool = False
     num_return_sequences: int = 1
+    # the output follows a JSON schema / regex / grammar (guided/decoder.py; needs end_id)
+    guided_decoding_params: GuidedDecodingParams | None = None
     # a processor of ExecutorConfig.logits_post_processor_config ("batched": the batched one)
     logits_post_processor_name: str | None = None
 

@@ -26,6 +26,7 @@ from shoal.frontend.http.codec import OutputRequest
 from shoal.frontend.http.generate import decode_generate_request, output_value
 from shoal.frontend.http.openai_api.errors import OpenAiError, invalid
 from shoal.frontend.http.openai_api.params import GenerationParams
+from shoal.frontend.http.openai_api.response_format import openai_message, require_guide_inputs
 from shoal.frontend.http.openai_api.stops import StopScanner
 from shoal.frontend.http.validation import validate_request
 from shoal.frontend.infer_common import closing, prepare_request
@@ -36,7 +37,8 @@ if TYPE_CHECKING:
 
 OUTPUTS: Final = ("text_output", "prompt_tokens", "completion_tokens", "finish_reason")
 # backend input names -> the OpenAI parameter a backend error about them concerns
-_PARAM_OF_INPUT: Final = {"max_tokens": "max_tokens", "text_input": "prompt",
+_PARAM_OF_INPUT: Final = {"guided_decoding_guide": "response_format",
+                          "max_tokens": "max_tokens", "text_input": "prompt",
                           "messages": "messages", "temperature": "temperature",
                           "top_p": "top_p", "random_seed": "seed"}
 
@@ -71,7 +73,7 @@ def backend_error(error: ShoalError) -> OpenAiError:
     from shoal.frontend.http.errors import status_for
 
     param = next((p for name, p in _PARAM_OF_INPUT.items() if name in error.message), None)
-    return OpenAiError(status_for(error.code), error.message, param=param)
+    return OpenAiError(status_for(error.code), openai_message(error.message), param=param)
 
 
 class Generation:
@@ -80,6 +82,7 @@ class Generation:
         self._dataplane = dataplane
         self._model = model
         self._params = params
+        require_guide_inputs(model, params.guide)
 
     def choices(self) -> AsyncIterator[Piece]:
         streams = [self._choice(index) for index in range(self._params.n)]
@@ -94,6 +97,8 @@ class Generation:
             "top_p": params.top_p, "random_seed": seed, "stream": True}
         if params.temperature > 0:
             document["top_k"] = 0  # sample (the executor is greedy when neither k nor p is set)
+        if params.guide is not None:
+            document |= params.guide.inputs()
         return document
 
     async def _choice(self, index: int) -> AsyncIterator[Piece]:

@@ -1,11 +1,12 @@
 """OpenAI request bodies -> ``GenerationParams`` (what one backend request per choice needs).
 
 Every field of the body is either understood or refused with a 400 naming it: fields this server
-does not implement (``tools``, ``functions``, ``logit_bias``, ``response_format``, ``logprobs``,
+does not implement (``tools``, ``functions``, ``logit_bias``, ``logprobs``,
 ``echo``, ...) are refused unless they hold their "off" value (null, false, an empty list or
 object, a zero penalty, ``n`` / ``best_of`` 1), and unknown fields are refused too, so nothing is
 silently ignored. Limits: ``n`` <= ``MAX_N``; ``stop``: a string or at most ``MAX_STOPS``
 non-empty strings; ``temperature`` 0..2; ``top_p`` in (0, 1]; ``seed`` a non-negative integer.
+``response_format``: see ``response_format.py``.
 ``max_tokens`` (``max_completion_tokens`` for chat, which wins when both are given) must be >= 1;
 its default is ``DEFAULT_MAX_TOKENS`` for completions (OpenAI's) and ``DEFAULT_CHAT_MAX_TOKENS``
 for chat. The backend checks the prompt and ``max_tokens`` against the model's context.
@@ -19,6 +20,7 @@ from typing import Any, Final
 import orjson
 
 from shoal.frontend.http.openai_api.errors import invalid
+from shoal.frontend.http.openai_api.response_format import Guide, parse_response_format
 
 MAX_N: Final = 8
 MAX_STOPS: Final = 4
@@ -26,12 +28,12 @@ DEFAULT_MAX_TOKENS: Final = 16
 DEFAULT_CHAT_MAX_TOKENS: Final = 512
 
 _COMMON: Final = frozenset({"model", "max_tokens", "temperature", "top_p", "seed", "stop", "n",
-                            "stream", "stream_options", "user"})
+                            "stream", "stream_options", "user", "response_format"})
 _COMPLETION: Final = _COMMON | {"prompt"}
 _CHAT: Final = _COMMON | {"messages", "max_completion_tokens"}
 # understood only in their "off" value (see the module docstring)
 _OFF: Final = frozenset({"tools", "tool_choice", "functions", "function_call", "logit_bias",
-                         "response_format", "logprobs", "top_logprobs", "echo", "suffix",
+                         "logprobs", "top_logprobs", "echo", "suffix",
                          "presence_penalty", "frequency_penalty", "best_of",
                          "parallel_tool_calls"})
 
@@ -49,6 +51,7 @@ class GenerationParams:
     n: int
     stream: bool
     include_usage: bool
+    guide: Guide | None = None  # response_format's guided decoding
 
 
 def parse_params(body: bytes, *, chat: bool) -> GenerationParams:
@@ -100,7 +103,8 @@ def parse_params(body: bytes, *, chat: bool) -> GenerationParams:
         raise invalid("'user' must be a string", "user")
     prompt = _messages(document) if chat else _prompt(document)
     return GenerationParams(model, chat, prompt, max_tokens, temperature, top_p, seed,
-                            _stops(document), n, stream, include_usage)
+                            _stops(document), n, stream, include_usage,
+                            guide=parse_response_format(document.get("response_format")))
 
 
 def _hint(key: str) -> str:

@@ -25,6 +25,7 @@ response never arrives for an unknown request).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ from shoal.workers.backends.base import (
 from shoal.workers.backends.llm.chat_template import ChatTemplate, load_chat_template
 from shoal.workers.backends.llm.detokenize import IncrementalDetokenizer
 from shoal.workers.backends.llm.figures import LlmFigures, RequestClock
+from shoal.workers.backends.llm.guided import guided_decoding_config
 from shoal.workers.backends.llm.interface import (
     COUNT_OUTPUTS,
     ParsedRequest,
@@ -54,7 +56,7 @@ from shoal.workers.backends.llm.interface import (
 )
 from shoal.workers.backends.llm.settings import model_parameters, read_settings
 from shoal.workers.llm import Executor, FinishReason, Response, Result
-from shoal.workers.llm.validation import request_error
+from shoal.workers.llm.checkpoint import read_model_spec
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -105,7 +107,10 @@ class LlmBackend:
             raise invalid_arg("llm backend: the worker gave no response sink")
         settings = read_settings(model_parameters(config), ctx.model_dir, ctx.device,
                                  ctx.backend_settings)
-        executor = Executor(settings.checkpoint_dir, settings.executor_config)
+        guided = guided_decoding_config(model_parameters(config), settings.checkpoint_dir,
+                                        read_model_spec(settings.checkpoint_dir).eos_token_id)
+        executor = Executor(settings.checkpoint_dir, dataclasses.replace(
+            settings.executor_config, guided_decoding_config=guided))
         self._executor = executor
         self._tokenizer = executor.tokenizer
         self._chat_template = load_chat_template(settings.checkpoint_dir)
@@ -142,7 +147,7 @@ class LlmBackend:
                 parsed.request.sampling_config.beam_width > 1:
             return Error(ErrorCode.INVALID_ARG, "input 'beam_width' > 1 cannot stream text "
                          "(beams change as the search goes); set stream false")
-        problem = request_error(parsed.request, executor.limits)
+        problem = executor.check_request(parsed.request)  # compiles a guided request's grammar
         if problem is not None:
             return Error(ErrorCode.INVALID_ARG, client_message(problem, parsed.field_names))
         open_request = _OpenRequest(request.request_id, parsed, counted_outputs=tuple(

@@ -24,6 +24,8 @@ Two forms on the same model (the first input present decides):
   (tokens generated so far, counting the end id that finished the sequence) and
   ``finish_reason`` BYTES [1] (``""`` until the last response, then ``stop`` for the end id or a
   stop word, ``length``, or ``cancelled`` / ``timed_out``).
+- **both forms**: ``guided_decoding_guide_type`` / ``guided_decoding_guide`` (BYTES [1],
+  TensorRT-LLM's names) hold the output to a JSON schema, regex, ... (``guided.py``).
 
 When the model batches (``max_batch_size`` > 0) every tensor carries a leading batch dimension,
 which must be 1 (one sequence per request; the executor batches in flight). Problems raise
@@ -41,6 +43,8 @@ import numpy.typing as npt
 
 from shoal.errors import invalid_arg
 from shoal.workers.backends.base import BackendRequest, OutputTensor
+from shoal.workers.backends.llm.guided import FIELD_NAMES as GUIDED_FIELD_NAMES
+from shoal.workers.backends.llm.guided import guided_params
 from shoal.workers.llm import FinishReason, OutputConfig, Request, Result, SamplingConfig
 
 if TYPE_CHECKING:
@@ -166,12 +170,13 @@ def _tensor_request(inputs: dict[str, npt.NDArray[Any]], exclude_input: bool) ->
             exclude_input_from_output=exclude_input),
         end_id=_end_id(inputs, None), pad_id=_int(inputs, "pad_id"),
         stop_words=_word_list(inputs, "stop_words_list"),
-        bad_words=_word_list(inputs, "bad_words_list"))
+        bad_words=_word_list(inputs, "bad_words_list"),
+        guided_decoding_params=guided_params(inputs))
     names = {"input_token_ids": "input_ids", "input length": "input_ids length",
              "max_tokens": "request_output_len",
              "stop_words": "stop_words_list", "bad_words": "bad_words_list",
              "sampling_config.top_k": "runtime_top_k", "sampling_config.top_p": "runtime_top_p",
-             "sampling_config.seed": "random_seed"}
+             "sampling_config.seed": "random_seed"} | GUIDED_FIELD_NAMES
     return ParsedRequest(request, False, names)
 
 
@@ -242,11 +247,13 @@ def _text_request(inputs: dict[str, npt.NDArray[Any]], tokenizer: Tokenizer,
         output_config=OutputConfig(exclude_input_from_output=exclude_input),
         end_id=_end_id(inputs, eos_token_id), pad_id=_int(inputs, "pad_id"),
         stop_words=_text_words(inputs, "stop_words", tokenizer),
-        bad_words=_text_words(inputs, "bad_words", tokenizer))
+        bad_words=_text_words(inputs, "bad_words", tokenizer),
+        guided_decoding_params=guided_params(inputs))
     prompt_name = "messages" if "messages" in inputs else "text_input"
     names = {"input_token_ids": prompt_name, "input length": f"{prompt_name} length (tokens)",
              "sampling_config.top_k": "top_k",
-             "sampling_config.top_p": "top_p", "sampling_config.seed": "random_seed"}
+             "sampling_config.top_p": "top_p", "sampling_config.seed": "random_seed",
+             } | GUIDED_FIELD_NAMES
     return ParsedRequest(request, True, names)
 
 
