@@ -43,11 +43,15 @@ class BatchingType(enum.Enum):
 class KvCacheConfig:
     """Size of the paged KV cache: ``num_blocks`` blocks of ``tokens_per_block`` tokens. Give
     ``num_blocks`` or ``max_tokens`` (rounded up to whole blocks); with neither, the pool holds
-    ``max_batch_size * max_beam_width`` sequences of ``max_seq_len`` tokens."""
+    ``max_batch_size * max_beam_width`` sequences of ``max_seq_len`` tokens.
+    ``enable_block_reuse``: full blocks of computed prompts (and generated text) stay cached
+    and a request whose prompt starts with the same tokens reuses them instead of computing
+    them again (default on, as TensorRT-LLM's Executor API has it; see ``prefix_cache.py``)."""
 
     tokens_per_block: int = 32
     max_tokens: int | None = None
     num_blocks: int | None = None
+    enable_block_reuse: bool = True
 
 
 @dataclass(frozen=True)
@@ -63,13 +67,17 @@ class ExecutorConfig:
     ``max_seq_len`` (prompt + generated tokens) defaults to the model's position limit.
     ``iter_stats_max_iterations`` / ``request_stats_max_iterations`` bound the statistics kept
     between two ``get_latest_*_stats`` calls (0 turns per-request statistics off, as in
-    TRT-LLM). ``dtype`` None means the checkpoint's dtype on accelerators and float32 on CPU."""
+    TRT-LLM). ``dtype`` None means the checkpoint's dtype on accelerators and float32 on CPU.
+    ``enable_chunked_context``: a context longer than the iteration's token budget is computed
+    over several iterations, in chunks of whole KV blocks that fill what the generating
+    requests leave of ``max_num_tokens`` (TRT-LLM's chunked context; off by default as there)."""
 
     max_beam_width: int = 1
     max_batch_size: int = 64
     max_num_tokens: int = 8192
     max_seq_len: int | None = None
     batching_type: BatchingType = BatchingType.INFLIGHT
+    enable_chunked_context: bool = False
     scheduler_config: SchedulerConfig = field(default_factory=SchedulerConfig)
     kv_cache_config: KvCacheConfig = field(default_factory=KvCacheConfig)
     iter_stats_max_iterations: int = 1000

@@ -49,6 +49,8 @@ class _Batch:
     logits_rows: list[int] = field(default_factory=list)
     last_row: dict[int, int] = field(default_factory=dict)  # id(Sequence) -> index in logits
     context_rows: dict[int, tuple[int, int]] = field(default_factory=dict)  # request id -> rows
+    partial: dict[int, int] = field(default_factory=dict)  # request id -> tokens of a context
+    # chunk that does not complete its context (no logits row, no token chosen)
 
 
 class Engine:
@@ -100,12 +102,19 @@ class Engine:
             logger.debug("request %d paused to free KV blocks", state.request_id)
         if not plan.scheduled:
             return report
-        batch = self._pack(plan.scheduled, report)
+        for state in plan.scheduled:
+            state.attach_cached_prefix(self.blocks)  # block reuse
+        batch = self._pack(plan.scheduled, report, plan.chunks)
         logits = self._run_model(batch)
-        failed = self.post_processing.apply_to_iteration(logits, plan.scheduled, batch.last_row)
+        decoding = [s for s in plan.scheduled if s.request_id not in batch.partial]
+        failed = self.post_processing.apply_to_iteration(logits, decoding, batch.last_row)
         argmax = logits.argmax(dim=-1).tolist()  # one call serves every greedy sequence
         for state in plan.scheduled:
             state.paused = False
+            if state.request_id in batch.partial:  # chunked context, not complete yet
+                state.advance_chunk(self.blocks, batch.partial[state.request_id])
+                continue
+            state.mark_computed(self.blocks)
             if state.request_id in failed:  # its logits post-processor raised: it alone ends
                 self._complete(state)
                 report.completed.append(state.request_id)
@@ -122,7 +131,8 @@ class Engine:
                 report.completed.append(state.request_id)
         return report
 
-    def _pack(self, scheduled: list[RequestState], report: StepReport) -> _Batch:
+    def _pack(self, scheduled: list[RequestState], report: StepReport,
+              chunks: dict[int, int]) -> _Batch:
         batch = _Batch()
         copies: list[tuple[int, int]] = []
         for state in scheduled:
@@ -130,15 +140,20 @@ class Engine:
                 report.context_ids.add(state.request_id)
             for seq in state.active:
                 new = len(seq.tokens) - seq.num_cached
+                chunk = chunks.get(state.request_id, new)
+                if chunk < new:
+                    new = batch.partial[state.request_id] = chunk
                 copies += self.blocks.prepare_write(seq.block_table, seq.num_cached, new)
                 start = len(batch.token_ids)
                 batch.spans.append(SequenceSpan(start, new, seq.num_cached, seq.block_table))
-                batch.token_ids += seq.tokens[seq.num_cached:]
-                batch.positions += range(seq.num_cached, len(seq.tokens))
-                if seq.num_cached == 0:
+                batch.token_ids += seq.tokens[seq.num_cached:seq.num_cached + new]
+                batch.positions += range(seq.num_cached, seq.num_cached + new)
+                if state.in_context_phase:
                     report.num_ctx_tokens += new
                 else:
                     report.num_gen_tokens += new
+                if state.request_id in batch.partial:
+                    continue
                 if (state.request.output_config.return_context_logits
                         and state.context_logits is None and seq.num_generated == 0):
                     first = len(batch.logits_rows)

@@ -69,11 +69,13 @@ class Executor:
             num_layers=spec.num_layers, num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim,
             num_blocks=num_blocks, tokens_per_block=tokens_per_block, dtype=self.model.dtype,
             device=config.device, workspace=workspace)
-        self.blocks = BlockManager(num_blocks, tokens_per_block)
+        self.blocks = BlockManager(num_blocks, tokens_per_block,
+                                   enable_reuse=config.kv_cache_config.enable_block_reuse)
         scheduler: Scheduler[RequestState] = Scheduler(
             blocks=self.blocks, policy=config.scheduler_config.capacity_scheduler_policy,
             batching=config.batching_type, max_batch_size=config.max_batch_size,
-            max_num_tokens=config.max_num_tokens)
+            max_num_tokens=config.max_num_tokens,
+            enable_chunked_context=config.enable_chunked_context)
         post_processing = LogitsPostProcessing(config.logits_post_processor_config)
         self._engine = Engine(self.model, self.kv, self.blocks, scheduler, post_processing)
         self.limits = Limits(vocab_size=spec.vocab_size, max_beam_width=config.max_beam_width,

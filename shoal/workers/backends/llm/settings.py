@@ -21,6 +21,8 @@ parameter                       meaning                                         
 ``exclude_input_in_output``     non-streaming outputs leave the prompt out            false
 ``dtype``                       ``float32`` / ``float16`` / ``bfloat16``              see Exec.
 ``guided_decoding_backend``     ``xgrammar`` or ``none`` (``guided.py``)              xgrammar
+``enable_kv_cache_reuse``       reuse KV blocks of identical prompt prefixes          true
+``enable_chunked_context``      prefill long prompts over several iterations          false
 =============================== ===================================================== =========
 
 With no pool size the pool holds ``max_num_sequences * max_beam_width`` sequences of
@@ -51,7 +53,7 @@ _KNOWN = frozenset({
     "checkpoint_dir", "max_num_sequences", "max_num_tokens", "max_seq_len", "max_beam_width",
     "kv_cache_num_blocks", "max_tokens_in_paged_kv_cache", "kv_cache_free_gpu_mem_fraction",
     "kv_cache_tokens_per_block", "batch_scheduler_policy", "gpt_model_type",
-    "exclude_input_in_output", "dtype",
+    "exclude_input_in_output", "dtype", "enable_kv_cache_reuse", "enable_chunked_context",
     "guided_decoding_backend",  # read by guided.py (xgrammar | none)
 })
 _POLICIES = {p.value: p for p in CapacitySchedulerPolicy}
@@ -112,9 +114,12 @@ def read_settings(parameters: dict[str, str], model_dir: str, device: str,
             max_beam_width=max_beam_width, max_batch_size=max_num_sequences,
             max_num_tokens=_int(parameters, "max_num_tokens", 8192), max_seq_len=max_seq_len,
             batching_type=_BATCHING[batching_name],
+            enable_chunked_context=_bool(parameters, "enable_chunked_context", False),
             scheduler_config=SchedulerConfig(_POLICIES[policy_name]),
             kv_cache_config=KvCacheConfig(tokens_per_block=tokens_per_block,
-                                          max_tokens=max_tokens, num_blocks=num_blocks),
+                                          max_tokens=max_tokens, num_blocks=num_blocks,
+                                          enable_block_reuse=_bool(
+                                              parameters, "enable_kv_cache_reuse", True)),
             device=device, dtype=dtype)
     except ValueError as exc:
         raise invalid_arg(f"llm backend: {exc}") from None
@@ -141,6 +146,16 @@ def resolve_checkpoint(value: str, model_dir: str, allowed_roots: str) -> Path:
     if not path.is_dir():
         raise invalid_arg(f"llm backend: checkpoint_dir '{value}' is not a directory ({path})")
     return path
+
+
+def _bool(parameters: dict[str, str], name: str, default: bool) -> bool:
+    text = parameters.get(name, "").strip().lower()
+    if not text:
+        return default
+    if text not in ("true", "false", "1", "0", "yes", "no"):
+        raise invalid_arg(f"llm backend: config parameter {name} must be true or false, "
+                          f"got '{text}'")
+    return text in ("true", "1", "yes")
 
 
 def _int(parameters: dict[str, str], name: str, default: int) -> int:
