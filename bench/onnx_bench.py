@@ -6,8 +6,9 @@ intra-op thread.
 
     .venv/bin/python -m bench.onnx_bench [--seconds 5] [--skip-mlserver]
 
-Writes bench/out/onnx_results.json and prints a table. Compare ratios within one run on a quiet
-machine; numbers from a shared machine are indicative only.
+Writes bench/out/onnx_results.json and the section between the onnx-benchmark markers of
+bench/RESULTS.md (``--no-write``: print only). Compare ratios within one run on a quiet machine;
+the section records the load average, since numbers from a busy machine are indicative only.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ import numpy as np
 
 from bench import servers
 from bench.run import bodies, drive
+from bench.sections import write_marked_section
+
+BEGIN, END = "<!-- onnx-benchmark:begin -->", "<!-- onnx-benchmark:end -->"
 
 ONNX_EXAMPLE = servers.ROOT / "examples" / "onnx_repository" / "mlp_onnx"
 CONCURRENCY = (1, 64)
@@ -99,10 +103,14 @@ def main() -> None:
                         help="shoal max_queue_delay_microseconds = MLServer max_batch_time")
     parser.add_argument("--mlserver-venv", default=str(servers.BENCH / ".venv-mlserver"))
     parser.add_argument("--skip-mlserver", action="store_true")
+    parser.add_argument("--no-write", action="store_true",
+                        help="print, leave RESULTS.md and bench/out alone")
     args = parser.parse_args()
     out = servers.BENCH / "out"
     request_bodies = bodies(out)
     results: dict[str, Any] = {"seconds": args.seconds, "delay_us": args.delay_us,
+                               "load_average_at_start": os.getloadavg()[0],
+                               "cores": os.cpu_count(),
                                "inprocess": measure_in_process(min(args.seconds, 2.0))}
     print("in-process", json.dumps(results["inprocess"]), flush=True)
     with tempfile.TemporaryDirectory(prefix="shoal-onnx-bench-") as tmp:
@@ -133,20 +141,47 @@ def main() -> None:
             shoal.stop()
             if mls is not None:
                 mls.stop()
-    (out / "onnx_results.json").write_text(json.dumps(results, indent=2))
-    print_table(results)
+    results["load_average_at_end"] = os.getloadavg()[0]
+    section = render(results)
+    print(section)
+    if not args.no_write:
+        (out / "onnx_results.json").write_text(json.dumps(results, indent=2))
+        write_marked_section(servers.BENCH / "RESULTS.md", BEGIN, END, section)
 
 
-def print_table(results: dict[str, Any]) -> None:
-    print("| cell | shoal req/s | shoal p99 ms | MLServer req/s | MLServer p99 ms |")
-    print("|---|---|---|---|---|")
-    for key, cell in results.get("shoal", {}).items():
-        peer = results.get("mlserver", {}).get(key, {})
-        print(f"| {key} | {cell.get('requests_per_s', 0):,.0f} | {cell.get('p99_ms', 0):.1f} | "
-              f"{peer.get('requests_per_s', 0):,.0f} | {peer.get('p99_ms', 0):.1f} |")
+def render(results: dict[str, Any]) -> str:
+    def cell(server: str, key: str) -> str:
+        found = results.get(server, {}).get(key)
+        if not found:
+            return "- | -"
+        return f"{found['requests_per_s']:,.0f} | {found['p99_ms']:.1f}"
+
     inprocess = results["inprocess"]
-    print(f"in process: batch 1 {inprocess['batch1_rows_per_s']:,.0f} rows/s, batch 32 "
-          f"{inprocess['batch32_rows_per_s']:,.0f} rows/s")
+    lines = [
+        BEGIN,
+        "## ONNX Runtime: shoal's onnxruntime backend vs MLServer vs in process",
+        "",
+        "`.venv/bin/python -m bench.onnx_bench` (seconds per cell: "
+        f"{results['seconds']}, queue delay {results['delay_us']} µs). The benchmark MLP as ONNX "
+        "(examples/onnx_repository/mlp_onnx, 256 -> 64 -> 16) on shoal's onnxruntime backend and "
+        "on MLServer with a custom ONNX Runtime runtime (bench/mlserver/onnx_runtime.py); both "
+        "batch up to 32 with the same delay and run one intra-op thread. MLServer's REST has no "
+        "binary tensors. Load average of the machine at start / end: "
+        f"{results['load_average_at_start']:.1f} / {results['load_average_at_end']:.1f} on "
+        f"{results['cores']} cores: above the core count the figures are indicative only.",
+        "",
+        "| cell | shoal req/s | shoal p99 ms | MLServer req/s | MLServer p99 ms |",
+        "|---|---|---|---|---|",
+        *(f"| {key} | {cell('shoal', key)} | {cell('mlserver', key)} |"
+          for key in results.get("shoal", {})),
+        "",
+        "ONNX Runtime in process (the limit, one thread): "
+        + ", ".join(f"batch {b} {inprocess[f'batch{b}_rows_per_s']:,.0f} rows/s "
+                    f"({inprocess[f'batch{b}_call_us']:.0f} µs a call)" for b in (1, 8, 32))
+        + ".",
+        END,
+    ]
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":
