@@ -34,7 +34,7 @@ def sum_llm_stats(reported: Iterable[LlmStats | None]) -> LlmStats | None:
         return None
     if len(present) == 1:
         return present[0]
-    fields: dict[str, object] = {}
+    fields: dict[str, object] = {}  # every field of LlmStats, by name
     for name in LlmStats.__struct_fields__:
         values = [getattr(stats, name) for stats in present]
         if name in _TAKEN:
@@ -46,4 +46,4 @@ def sum_llm_stats(reported: Iterable[LlmStats | None]) -> LlmStats | None:
             fields[name] = counts
         else:
             fields[name] = sum(values)
-    return msgspec.convert(fields, LlmStats)
+    return msgspec.structs.replace(present[0], **fields)

@@ -28,13 +28,13 @@ import psutil  # type: ignore[import-untyped]
 
 from shoal.errors import ShoalError
 from shoal.messages import ModelStats
+from shoal.ops.llm_figures import LlmFigures
 from shoal.ops.model_figures import ModelFigures
 from shoal.ops.processes import ProcessTable
 from shoal.ops.schema import (
     SCHEMA_VERSION,
     ClientRegionStats,
     HistoryDocument,
-    LlmStats,
     ModelSeries,
     ModelVersionStats,
     ProcessSeries,
@@ -91,6 +91,7 @@ class Sampler:
         self.started = time.time()
         self.processes = ProcessTable(root if root is not None else psutil.Process(os.getppid()))
         self.figures = ModelFigures()
+        self.llm = LlmFigures()
         self.history: deque[_Point] = deque(maxlen=max(1, int(history_s / interval_s)))
         self.latest: StatsDocument | None = None
         self.latest_json = b""
@@ -152,7 +153,8 @@ class Sampler:
                               sampler_started=round(self.started, 3),
                               ready=self.dataplane.is_ready(),
                               exiting=self.dataplane.is_exiting()),
-            processes=processes, models=models, shared_memory=shared, llm=_llm_models(),
+            processes=processes, models=models, shared_memory=shared,
+            llm=self.llm.update(now, stats),
             errors=errors)
         document.sample_cpu_ms = round((time.thread_time() - cpu_started) * 1e3, 2)
         document.sample_ms = round((time.perf_counter() - started) * 1e3, 2)
@@ -305,7 +307,3 @@ def _fill_worker_restarts(processes: list[ProcessStats], models: list[ModelVersi
         if row.role == "worker" and row.model is not None and row.version is not None:
             row.restarts = restarts.get((row.model, row.version), {}).get(row.instance or "", 0)
 
-
-def _llm_models() -> list[LlmStats]:
-    """Not fed yet: the llm backend publishes its KV blocks only as a custom metric (LLM issue)."""
-    return []

@@ -114,15 +114,31 @@ class SharedMemoryStats(msgspec.Struct, kw_only=True):
 
 
 class LlmStats(msgspec.Struct, kw_only=True):
-    """An LLM model served with paged KV cache. Always empty so far: the
-    llm backend's figures are not fed to the sampler yet."""
+    """An ``llm``-backend model version (its executor figures summed over its instances,
+    ``ops/llm_figures.py``). Rates since the previous sample; percentiles over the last
+    ``window_s`` seconds (TTFT and inter-token latency are measured in the worker as each
+    response leaves it)."""
 
     name: str
     version: int
     kv_blocks_used: int
     kv_blocks_free: int
-    active_requests: int
-    tokens_per_s: float
+    active_requests: int  # in the executor's running batch
+    tokens_per_s: float  # generated tokens sent
+    queued_requests: int = 0  # waiting to be admitted to the batch
+    kv_blocks_max: int = 0
+    kv_blocks_reused: int = 0  # taken from the prefix cache, since load
+    prompt_tokens_per_s: float = 0.0
+    prompt_tokens: int = 0  # since load
+    generation_tokens: int = 0  # since load
+    window_s: float = 0.0
+    first_tokens: int = 0  # requests whose first token left in the window
+    ttft_p50_us: float | None = None
+    ttft_p99_us: float | None = None
+    itl_p50_us: float | None = None
+    itl_p99_us: float | None = None
+    kv_pool_bytes: int = 0
+    weights_bytes: int = 0
 
 
 class ServerInfo(msgspec.Struct, kw_only=True):

@@ -226,11 +226,15 @@ def _memory_lines(document: StatsDocument) -> Iterable[RenderableType]:
                          f"{human_bytes(r.byte_size)}" for r in shm.client_regions[:4]))
     if document.llm:
         table = Table(title="LLM", title_justify="left", pad_edge=False)
-        for name in ("model", "ver", "KV used", "KV free", "active", "tokens/s"):
+        for name in ("model", "ver", "active", "queued", "KV used", "KV free", "reused",
+                     "tokens/s", "TTFT p50/p99", "ITL p50/p99"):
             table.add_column(name, no_wrap=True)
         for m in document.llm:
-            table.add_row(m.name, str(m.version), str(m.kv_blocks_used), str(m.kv_blocks_free),
-                          str(m.active_requests), f"{m.tokens_per_s:.1f}")
+            table.add_row(m.name, str(m.version), str(m.active_requests),
+                          str(m.queued_requests), str(m.kv_blocks_used), str(m.kv_blocks_free),
+                          str(m.kv_blocks_reused), f"{m.tokens_per_s:.1f}",
+                          f"{human_us(m.ttft_p50_us)}/{human_us(m.ttft_p99_us)}",
+                          f"{human_us(m.itl_p50_us)}/{human_us(m.itl_p99_us)}")
         yield table
 
 

@@ -1,5 +1,5 @@
 """The ops dashboard API and ``shoal top`` against a real server (two frontends, a TorchScript
-model and a python model that queues), while clients infer."""
+model, a python model that queues and an llm-backend model), while clients infer."""
 
 from __future__ import annotations
 
@@ -22,14 +22,21 @@ import pytest
 from tests.e2e.conftest import serving
 from tests.e2e.models import sleepy_model
 from tests.e2e.server import ShoalServer, free_port
-from tests.ops.live import Load, build_dashboard_repository, model_row, stats, wait_for
+from tests.ops.live import (
+    LLM_KV_BLOCKS,
+    Load,
+    build_dashboard_repository,
+    model_row,
+    stats,
+    wait_for,
+)
 
 ROLES = {"supervisor", "broker", "frontend", "worker"}
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
-    repo = build_dashboard_repository(tmp_path_factory.mktemp("dashboard-repo"))
+    repo = build_dashboard_repository(tmp_path_factory.mktemp("dashboard-repo"), llm=True)
     with serving(ShoalServer([str(repo)], ["--http-workers=2"])) as srv:
         yield srv
 
@@ -64,7 +71,7 @@ def test_the_document_shows_every_process_and_the_models_while_clients_infer(
     assert sorted(p["frontend_index"] for p in by_role(later, "frontend")) == [0, 1]
     assert {p["pid"] for p in by_role(later, "frontend")} == set(server.frontend_pids())
     workers = {p["model"]: p for p in by_role(later, "worker")}
-    assert set(workers) == {"mlp", "sleepy"}
+    assert set(workers) == {"mlp", "sleepy", "llm"}
     assert workers["mlp"]["pid"] in server.worker_pids("mlp")
     assert workers["mlp"]["device"] == "cpu" and workers["mlp"]["instance"] == "mlp_0_0"
     for process in later["processes"]:
@@ -83,7 +90,39 @@ def test_the_document_shows_every_process_and_the_models_while_clients_infer(
     assert {"frontend input arena", "worker output arena"} <= kinds
     assert later["shared_memory"]["total_bytes"] > 0
     assert any(p["shm_bytes"] > 0 for p in by_role(later, "worker"))
-    assert later["llm"] == []
+    assert [row["name"] for row in later["llm"]] == ["llm"]  # served, idle: no LLM client
+
+
+def llm_row(document: dict[str, Any]) -> dict[str, Any]:
+    rows: list[dict[str, Any]] = document["llm"]
+    (row,) = rows
+    assert row["name"] == "llm" and row["version"] == 1
+    return row
+
+
+def test_the_llm_row_shows_tokens_latencies_and_blocks_while_a_client_generates(
+        server: ShoalServer) -> None:
+    before = llm_row(stats(server.metrics_port))
+    with Load(server.base, clients=0, llm_clients=2) as load:
+        busy = llm_row(wait_for(stats_when(
+            server, lambda d: llm_row(d)["tokens_per_s"] > 0
+            and llm_row(d)["first_tokens"] > 0 and llm_row(d)["itl_p99_us"] is not None),
+            what="llm tokens/s and latencies in the stats"))
+        used = wait_for(stats_when(server, lambda d: llm_row(d)["kv_blocks_used"] > 0),
+                        what="KV blocks in use")
+    assert not load.failures, load.failures[:3]
+    assert busy["generation_tokens"] > before["generation_tokens"]
+    assert busy["prompt_tokens"] > before["prompt_tokens"]
+    assert 0 < busy["ttft_p50_us"] <= busy["ttft_p99_us"]
+    assert 0 <= busy["itl_p50_us"] <= busy["itl_p99_us"]
+    assert busy["kv_blocks_max"] == LLM_KV_BLOCKS
+    row = llm_row(used)
+    assert row["kv_blocks_used"] + row["kv_blocks_free"] == LLM_KV_BLOCKS
+    assert busy["kv_pool_bytes"] > 0 and busy["weights_bytes"] > 0
+    idle = llm_row(wait_for(stats_when(server, lambda d: llm_row(d)["kv_blocks_used"] == 0
+                                       and llm_row(d)["active_requests"] == 0),
+                            what="the llm idle again"))
+    assert idle["kv_blocks_free"] == LLM_KV_BLOCKS and idle["queued_requests"] == 0
 
 
 def test_queue_depth_shows_requests_waiting_for_the_instance(server: ShoalServer) -> None:
@@ -184,8 +223,10 @@ def test_top_once_prints_processes_and_models(server: ShoalServer) -> None:
         capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "200"})
     assert done.returncode == 0, done.stderr
     for text in ("supervisor", "broker", "frontend 0", "frontend 1", "mlp v1 mlp_0_0 (cpu)",
-                 "sleepy", "READY", "shared memory"):
+                 "sleepy", "READY", "shared memory", "LLM", "TTFT p50/p99", "KV used"):
         assert text in done.stdout
+    llm_table = done.stdout[done.stdout.index("TTFT p50/p99"):]
+    assert any(line.startswith("│llm ") for line in llm_table.splitlines())  # the llm's row
 
 
 def test_top_says_when_the_server_is_unreachable() -> None:
@@ -216,7 +257,8 @@ def test_top_live_view_under_tmux(server: ShoalServer) -> None:
             return text if "mlp v1 mlp_0" in text and "frontend 1" in text else None
 
         first = wait_for(screen, what="shoal top's frame in tmux")
-        for text in ("shoal top", "supervisor", "broker", "frontend 0", "sleepy", "READY"):
+        for text in ("shoal top", "supervisor", "broker", "frontend 0", "sleepy", "READY",
+                     "LLM", "TTFT p50/p99"):
             assert text in first
         stamp = first.splitlines()[0]
         def refreshed() -> str | None:

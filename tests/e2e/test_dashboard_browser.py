@@ -1,7 +1,7 @@
 """The dashboard page in a real browser (Debian's chromium driven by Playwright) while clients
 infer: the process list with roles, a model's queue and throughput, plots that grow, a client
-shared-memory region. ``SHOAL_DASHBOARD_SCREENSHOT=docs/img/dashboard.png`` also saves the
-README's screenshot."""
+shared-memory region, an llm model's tokens/s, latencies and KV blocks.
+``SHOAL_DASHBOARD_SCREENSHOT=docs/img/dashboard.png`` also saves the README's screenshot."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 
 from tests.e2e.conftest import serving
 from tests.e2e.server import ShoalServer
-from tests.ops.live import Load, build_dashboard_repository, wait_for
+from tests.ops.live import LLM_KV_BLOCKS, Load, build_dashboard_repository, wait_for
 
 T = TypeVar("T")
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -33,7 +33,8 @@ if not os.path.exists(CHROMIUM):
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
-    repo = build_dashboard_repository(tmp_path_factory.mktemp("dashboard-browser-repo"))
+    repo = build_dashboard_repository(tmp_path_factory.mktemp("dashboard-browser-repo"),
+                                      llm=True)
     with serving(ShoalServer([str(repo)], ["--allow-client-shm=true"])) as srv:
         yield srv
 
@@ -82,10 +83,21 @@ def model_row(page: Any, name: str) -> dict[str, str] | None:
     return None
 
 
+def llm_row(page: Any) -> dict[str, str] | None:
+    """The LLM table's row of the ``llm`` model by column."""
+    for cells in cell_texts(page, "llm"):
+        if cells and cells[0] == "llm":
+            return {"active": cells[2], "queued": cells[3], "kv_used": cells[4],
+                    "kv_free": cells[5], "tokens_s": cells[7], "ttft": cells[9],
+                    "itl": cells[10]}
+    return None
+
+
 def test_the_page_shows_processes_models_and_plots_that_move(
         server: ShoalServer, client_region: str, tmp_path: pathlib.Path) -> None:
     errors: list[str] = []
-    with sync_api.sync_playwright() as playwright, Load(server.base, clients=3) as load:
+    with sync_api.sync_playwright() as playwright, \
+            Load(server.base, clients=3, llm_clients=1) as load:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
@@ -127,7 +139,14 @@ def test_the_page_shows_processes_models_and_plots_that_move(
             assert ["dashboard_input", "system", client_region] == regions[0][:3]
             assert any(cells[1] == "frontend input arena"
                        for cells in cell_texts(page, "segments"))
-            assert page.locator("#llm-panel").is_hidden()  # no LLM is served
+
+            # the llm model: generating, with its first-token and inter-token latencies
+            llm = wait_for(when(lambda: llm_row(page),
+                                lambda row: row is not None and float(row["tokens_s"]) > 0
+                                and "ms" in row["ttft"] and "ms" in row["itl"]),
+                           what="the llm row with tokens/s and latencies")
+            assert page.locator("#llm-panel").is_visible()
+            assert int(llm["kv_used"]) + int(llm["kv_free"]) == LLM_KV_BLOCKS
 
             shot = tmp_path / "dashboard.png"
             page.screenshot(path=str(shot), full_page=True)

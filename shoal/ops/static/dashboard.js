@@ -278,8 +278,11 @@ function renderLlm(doc) {
   panel.hidden = !doc.llm.length;
   if (!doc.llm.length) return;
   fill("llm", doc.llm.map(m => row([
-    { text: m.name, attrs: { class: "l" } }, String(m.version), String(m.kv_blocks_used),
-    String(m.kv_blocks_free), String(m.active_requests), num(m.tokens_per_s, 1)])), "", 6);
+    { text: m.name, attrs: { class: "l" } }, String(m.version), String(m.active_requests),
+    String(m.queued_requests), String(m.kv_blocks_used), String(m.kv_blocks_free),
+    String(m.kv_blocks_reused), num(m.tokens_per_s, 1), num(m.prompt_tokens_per_s, 1),
+    ms(m.ttft_p50_us) + " / " + ms(m.ttft_p99_us),
+    ms(m.itl_p50_us) + " / " + ms(m.itl_p99_us)])), "", 11);
 }
 
 function render(doc) {
