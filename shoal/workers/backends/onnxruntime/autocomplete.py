@@ -55,7 +55,6 @@ def complete_config(config: ModelConfig, inputs: list[GraphTensor], outputs: lis
     input_count = len(config.input) + len(config.batch_input)
     _complete_max_batch(completed, [*inputs, *outputs], default_max_batch_size)
     if input_count == 0:
-        del completed.input[:]
         for tensor in inputs:
             _fill_io(completed.input.add(), tensor, completed.max_batch_size)
     if len(config.output) == 0:

@@ -31,6 +31,8 @@ import os
 from collections.abc import Mapping
 from typing import Any, Final
 
+from tritonclient.grpc.model_config_pb2 import ModelInstanceGroup
+
 from shoal.errors import ErrorCode, ShoalError, invalid_arg
 
 ProviderEntry = tuple[str, dict[str, str]]
@@ -96,7 +98,7 @@ def default_intra_threads(config: Any) -> int:
     """The usable CPUs divided among the model's CPU instances, at least 1."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     instances = sum(max(int(group.count), 1) for group in config.instance_group
-                    if group.kind != 1)  # KIND_GPU instances use the device, not the CPUs
+                    if group.kind != ModelInstanceGroup.KIND_GPU)  # those use their device
     return max(1, (cpus or 1) // max(instances, 1))
 
 
