@@ -40,9 +40,9 @@ def test_defaults_and_off_values_are_accepted() -> None:
 
 @pytest.mark.parametrize(("body", "param"), [
     ({"tools": [{"type": "function"}]}, "tools"),
-    ({"logprobs": 2}, "logprobs"),
+    ({"logprobs": 21}, "logprobs"),
     ({"response_format": {"type": "xml"}}, "response_format.type"),
-    ({"frequency_penalty": 0.5}, "frequency_penalty"),
+    ({"frequency_penalty": 2.5}, "frequency_penalty"),
     ({"whatever": 1}, "whatever"),
     ({"n": MAX_N + 1}, "n"),
     ({"max_tokens": 0}, "max_tokens"),

@@ -25,6 +25,12 @@ from shoal.errors import ShoalError
 from shoal.frontend.http.codec import OutputRequest
 from shoal.frontend.http.generate import decode_generate_request, output_value
 from shoal.frontend.http.openai_api.errors import OpenAiError, invalid
+from shoal.frontend.http.openai_api.logprobs import PARAM_OF_INPUT as LOGITS_PARAM_OF_INPUT
+from shoal.frontend.http.openai_api.logprobs import (
+    Entry,
+    entries_of,
+    require_extras_interface,
+)
 from shoal.frontend.http.openai_api.params import GenerationParams
 from shoal.frontend.http.openai_api.response_format import openai_message, require_guide_inputs
 from shoal.frontend.http.openai_api.stops import StopScanner
@@ -37,7 +43,7 @@ if TYPE_CHECKING:
 
 OUTPUTS: Final = ("text_output", "prompt_tokens", "completion_tokens", "finish_reason")
 # backend input names -> the OpenAI parameter a backend error about them concerns
-_PARAM_OF_INPUT: Final = {"guided_decoding_guide": "response_format",
+_PARAM_OF_INPUT: Final = LOGITS_PARAM_OF_INPUT | {"guided_decoding_guide": "response_format",
                           "max_tokens": "max_tokens", "text_input": "prompt",
                           "messages": "messages", "temperature": "temperature",
                           "top_p": "top_p", "random_seed": "seed"}
@@ -52,6 +58,7 @@ class Piece:
     prompt_tokens: int
     completion_tokens: int
     finish_reason: str | None = None
+    logprobs: list[Entry] | None = None  # the new tokens' log-probabilities, when asked for
 
 
 def require_interface(model: ModelVersionInfo, chat: bool) -> None:
@@ -83,6 +90,7 @@ class Generation:
         self._model = model
         self._params = params
         require_guide_inputs(model, params.guide)
+        require_extras_interface(model, params.extras)
 
     def choices(self) -> AsyncIterator[Piece]:
         streams = [self._choice(index) for index in range(self._params.n)]
@@ -99,12 +107,14 @@ class Generation:
             document["top_k"] = 0  # sample (the executor is greedy when neither k nor p is set)
         if params.guide is not None:
             document |= params.guide.inputs()
+        document |= params.extras.backend_inputs()
         return document
 
     async def _choice(self, index: int) -> AsyncIterator[Piece]:
         try:
             decoded = decode_generate_request(self._document(index), self._model)
-            decoded.outputs = [OutputRequest(name) for name in OUTPUTS]
+            decoded.outputs = [OutputRequest(name)
+                               for name in (*OUTPUTS, *self._params.extras.needed()[1])]
             plan = validate_request(decoded, self._model)
             prepared = prepare_request(self._dataplane, decoded, plan, self._model)
         except ShoalError as error:
@@ -130,11 +140,12 @@ class Generation:
                 completion = int(values.get("completion_tokens", completion))
                 reason = str(values.get("finish_reason") or reason)
                 text = scanner.push(str(values.get("text_output", "")))
+                entries = entries_of(values)
                 if scanner.stopped:  # leaving the loop cancels the backend request
-                    yield Piece(index, text, prompt, completion, "stop")
+                    yield Piece(index, text, prompt, completion, "stop", entries)
                     return
-                if text:
-                    yield Piece(index, text, prompt, completion)
+                if text or entries:
+                    yield Piece(index, text, prompt, completion, logprobs=entries)
         yield Piece(index, scanner.flush(), prompt, completion, _openai_reason(reason))
 
 

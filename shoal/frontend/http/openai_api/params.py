@@ -1,12 +1,13 @@
 """OpenAI request bodies -> ``GenerationParams`` (what one backend request per choice needs).
 
 Every field of the body is either understood or refused with a 400 naming it: fields this server
-does not implement (``tools``, ``functions``, ``logit_bias``, ``logprobs``,
+does not implement (``tools``, ``functions``, ``logit_bias``,
 ``echo``, ...) are refused unless they hold their "off" value (null, false, an empty list or
-object, a zero penalty, ``n`` / ``best_of`` 1), and unknown fields are refused too, so nothing is
+object, ``n`` / ``best_of`` 1), and unknown fields are refused too, so nothing is
 silently ignored. Limits: ``n`` <= ``MAX_N``; ``stop``: a string or at most ``MAX_STOPS``
 non-empty strings; ``temperature`` 0..2; ``top_p`` in (0, 1]; ``seed`` a non-negative integer.
-``response_format``: see ``response_format.py``.
+``response_format``: see ``response_format.py``. Penalties, ``logprobs`` / ``top_logprobs`` and
+``logits_processor``: see ``logprobs.py``.
 ``max_tokens`` (``max_completion_tokens`` for chat, which wins when both are given) must be >= 1;
 its default is ``DEFAULT_MAX_TOKENS`` for completions (OpenAI's) and ``DEFAULT_CHAT_MAX_TOKENS``
 for chat. The backend checks the prompt and ``max_tokens`` against the model's context.
@@ -14,12 +15,14 @@ for chat. The backend checks the prompt and ``max_tokens`` against the model's c
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import orjson
 
 from shoal.frontend.http.openai_api.errors import invalid
+from shoal.frontend.http.openai_api.logprobs import KEYS as SAMPLING_EXTRA_KEYS
+from shoal.frontend.http.openai_api.logprobs import SamplingExtras, parse_extras
 from shoal.frontend.http.openai_api.response_format import Guide, parse_response_format
 
 MAX_N: Final = 8
@@ -28,13 +31,13 @@ DEFAULT_MAX_TOKENS: Final = 16
 DEFAULT_CHAT_MAX_TOKENS: Final = 512
 
 _COMMON: Final = frozenset({"model", "max_tokens", "temperature", "top_p", "seed", "stop", "n",
-                            "stream", "stream_options", "user", "response_format"})
+                            "stream", "stream_options", "user", "response_format"}
+                           ) | SAMPLING_EXTRA_KEYS
 _COMPLETION: Final = _COMMON | {"prompt"}
 _CHAT: Final = _COMMON | {"messages", "max_completion_tokens"}
 # understood only in their "off" value (see the module docstring)
 _OFF: Final = frozenset({"tools", "tool_choice", "functions", "function_call", "logit_bias",
-                         "logprobs", "top_logprobs", "echo", "suffix",
-                         "presence_penalty", "frequency_penalty", "best_of",
+                         "echo", "suffix", "best_of",
                          "parallel_tool_calls"})
 
 
@@ -52,6 +55,8 @@ class GenerationParams:
     stream: bool
     include_usage: bool
     guide: Guide | None = None  # response_format's guided decoding
+    # penalties, logprobs, logits_processor
+    extras: SamplingExtras = field(default_factory=SamplingExtras)
 
 
 def parse_params(body: bytes, *, chat: bool) -> GenerationParams:
@@ -104,22 +109,19 @@ def parse_params(body: bytes, *, chat: bool) -> GenerationParams:
     prompt = _messages(document) if chat else _prompt(document)
     return GenerationParams(model, chat, prompt, max_tokens, temperature, top_p, seed,
                             _stops(document), n, stream, include_usage,
-                            guide=parse_response_format(document.get("response_format")))
+                            guide=parse_response_format(document.get("response_format")),
+                            extras=parse_extras(document, chat=chat))
 
 
 def _hint(key: str) -> str:
     if key in ("tools", "tool_choice", "functions", "function_call", "parallel_tool_calls"):
         return " (tool / function calling is not implemented)"
-    if key in ("logprobs", "top_logprobs"):
-        return " (log-probabilities are not returned by this endpoint)"
     return ""
 
 
 def _is_off(key: str, value: Any) -> bool:
     if key in ("n", "best_of"):
         return value is None or value == 1
-    if key in ("presence_penalty", "frequency_penalty"):
-        return value is None or (isinstance(value, int | float) and value == 0)
     return value is None or value is False or value == [] or value == {}
 
 

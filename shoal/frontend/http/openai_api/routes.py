@@ -41,6 +41,7 @@ from shoal.frontend.http.openai_api.errors import (
     openai_error_response,
 )
 from shoal.frontend.http.openai_api.generation import Generation, Piece, require_interface
+from shoal.frontend.http.openai_api.logprobs import Entry, LogprobsShaper
 from shoal.frontend.http.openai_api.params import GenerationParams, parse_params
 from shoal.frontend.http.restricted import ApiRoute
 from shoal.frontend.infer_common import closing
@@ -171,6 +172,7 @@ class _Shape:
         self._created = int(time.time())
         self._prompt_tokens = 0
         self._completion_tokens = [0] * params.n
+        self._logprobs = LogprobsShaper(params.extras, chat=params.chat, n=params.n)
 
     def _count(self, piece: Piece) -> None:
         self._prompt_tokens = piece.prompt_tokens
@@ -189,11 +191,13 @@ class _Shape:
 
     async def whole(self, pieces: AsyncIterator[Piece]) -> dict[str, Any]:
         texts = [""] * self._params.n
+        entries: list[list[Entry]] = [[] for _ in range(self._params.n)]
         reasons: list[str | None] = [None] * self._params.n
         async with closing(pieces):
             async for piece in pieces:
                 self._count(piece)
                 texts[piece.index] += piece.text
+                entries[piece.index] += piece.logprobs or []
                 if piece.finish_reason is not None:
                     reasons[piece.index] = piece.finish_reason
         choices: list[dict[str, Any]] = []
@@ -201,9 +205,11 @@ class _Shape:
             if self._chat:
                 choices.append({"index": index,
                                 "message": {"role": "assistant", "content": text},
-                                "logprobs": None, "finish_reason": reason})
+                                "logprobs": self._logprobs.document(index, entries[index]),
+                                "finish_reason": reason})
             else:
-                choices.append({"index": index, "text": text, "logprobs": None,
+                choices.append({"index": index, "text": text,
+                                "logprobs": self._logprobs.document(index, entries[index]),
                                 "finish_reason": reason})
         return {**self._head(False), "choices": choices, "usage": self._usage()}
 
@@ -218,9 +224,11 @@ class _Shape:
             delta: dict[str, Any] = {"role": "assistant"} if role else {}
             if piece.text or role:
                 delta["content"] = piece.text
-            return {"index": piece.index, "delta": delta, "logprobs": None,
+            return {"index": piece.index, "delta": delta,
+                    "logprobs": self._logprobs.document(piece.index, piece.logprobs or None),
                     "finish_reason": piece.finish_reason}
-        return {"index": piece.index, "text": piece.text, "logprobs": None,
+        return {"index": piece.index, "text": piece.text,
+                "logprobs": self._logprobs.document(piece.index, piece.logprobs or None),
                 "finish_reason": piece.finish_reason}
 
     async def events(self, first: Piece | None, pieces: AsyncIterator[Piece]
@@ -237,7 +245,7 @@ class _Shape:
                         started[piece.index] = True
                         yield self._chunk(self._choice_chunk(
                             Piece(piece.index, "", 0, 0), role=True))
-                    if piece.text or piece.finish_reason is not None:
+                    if piece.text or piece.logprobs or piece.finish_reason is not None:
                         yield self._chunk(self._choice_chunk(piece, role=False))
                     piece = await anext(pieces, None)
             except OpenAiError as error:

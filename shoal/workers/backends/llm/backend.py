@@ -54,6 +54,11 @@ from shoal.workers.backends.llm.interface import (
     tensor_outputs,
     text_output,
 )
+from shoal.workers.backends.llm.logits import (
+    TokenLogprobs,
+    load_logits_post_processors,
+    want_token_logprobs,
+)
 from shoal.workers.backends.llm.settings import model_parameters, read_settings
 from shoal.workers.llm import Executor, FinishReason, Response, Result
 from shoal.workers.llm.checkpoint import read_model_spec
@@ -75,6 +80,7 @@ class _OpenRequest:
     counted_outputs: tuple[str, ...] = ()  # of COUNT_OUTPUTS, those the client asked for
     generated: int = 0  # tokens generated so far (beam 0), for completion_tokens
     clock: RequestClock | None = None  # metrics: its timeline and tokens (figures.py)
+    logprobs: TokenLogprobs | None = None  # set when the client asked for token_logprobs
 
 
 class LlmBackend:
@@ -92,6 +98,7 @@ class LlmBackend:
         self._stopping = threading.Event()
         self._pump: threading.Thread | None = None
         self._figures: LlmFigures | None = None
+        self._token_logprobs: TokenLogprobs | None = None
 
     # ------------------------------------------------------------------ contract
 
@@ -109,9 +116,13 @@ class LlmBackend:
                                  ctx.backend_settings)
         guided = guided_decoding_config(model_parameters(config), settings.checkpoint_dir,
                                         read_model_spec(settings.checkpoint_dir).eos_token_id)
+        processors = load_logits_post_processors(model_parameters(config), ctx.model_dir)
         executor = Executor(settings.checkpoint_dir, dataclasses.replace(
-            settings.executor_config, guided_decoding_config=guided))
+            settings.executor_config, guided_decoding_config=guided,
+            logits_post_processor_config=processors))
         self._executor = executor
+        if executor.tokenizer is not None:
+            self._token_logprobs = TokenLogprobs(executor.tokenizer)
         self._tokenizer = executor.tokenizer
         self._chat_template = load_chat_template(settings.checkpoint_dir)
         self._eos = executor.model.spec.eos_token_id
@@ -147,11 +158,15 @@ class LlmBackend:
                 parsed.request.sampling_config.beam_width > 1:
             return Error(ErrorCode.INVALID_ARG, "input 'beam_width' > 1 cannot stream text "
                          "(beams change as the search goes); set stream false")
+        wants_logprobs = parsed.text_form and want_token_logprobs(parsed.request,
+                                                                  request.requested_outputs)
         problem = executor.check_request(parsed.request)  # compiles a guided request's grammar
         if problem is not None:
             return Error(ErrorCode.INVALID_ARG, client_message(problem, parsed.field_names))
         open_request = _OpenRequest(request.request_id, parsed, counted_outputs=tuple(
             name for name in COUNT_OUTPUTS if name in request.requested_outputs))
+        if wants_logprobs:
+            open_request.logprobs = self._token_logprobs
         if parsed.text_form and parsed.request.streaming:
             assert self._tokenizer is not None
             open_request.detokenizer = IncrementalDetokenizer(
@@ -257,19 +272,23 @@ class LlmBackend:
             text = open_request.detokenizer.push(tokens)
             if final:
                 text += open_request.detokenizer.flush()
-            if not text and not final:
+            if not text and not final and open_request.logprobs is None:
                 return None
         else:
             assert self._tokenizer is not None
             text = self._tokenizer.decode(tokens, skip_special_tokens=True)
         if not open_request.counted_outputs:
-            return BackendResponse(text_output(text, batching=self._batching))
-        reason = (result.finish_reasons[0] if final and result.finish_reasons
-                  else FinishReason.NOT_FINISHED)
-        counts = TextCounts(len(request.input_token_ids),
-                            open_request.generated + (reason is FinishReason.END_ID), reason)
-        return BackendResponse(text_output(text, batching=self._batching, counts=counts,
-                                           requested=open_request.counted_outputs))
+            outputs = text_output(text, batching=self._batching)
+        else:
+            reason = (result.finish_reasons[0] if final and result.finish_reasons
+                      else FinishReason.NOT_FINISHED)
+            counts = TextCounts(len(request.input_token_ids),
+                                open_request.generated + (reason is FinishReason.END_ID), reason)
+            outputs = text_output(text, batching=self._batching, counts=counts,
+                                  requested=open_request.counted_outputs)
+        if open_request.logprobs is not None:
+            outputs.append(open_request.logprobs.output(result, batching=self._batching))
+        return BackendResponse(outputs)
 
     def _forward_cancels(self, executor: Executor) -> None:
         assert self._is_cancelled is not None

@@ -26,6 +26,9 @@ Two forms on the same model (the first input present decides):
   stop word, ``length``, or ``cancelled`` / ``timed_out``).
 - **both forms**: ``guided_decoding_guide_type`` / ``guided_decoding_guide`` (BYTES [1],
   TensorRT-LLM's names) hold the output to a JSON schema, regex, ... (``guided.py``).
+- **both forms**: ``logits_post_processor_name`` (BYTES [1]) picks a logits post-processor of
+  the model, ``presence_penalty`` / ``frequency_penalty`` / ``repetition_penalty`` (FP32 [1]);
+  text form: ``num_top_log_probs`` and the ``token_logprobs`` output (``logits.py``).
 
 When the model batches (``max_batch_size`` > 0) every tensor carries a leading batch dimension,
 which must be 1 (one sequence per request; the executor batches in flight). Problems raise
@@ -45,6 +48,8 @@ from shoal.errors import invalid_arg
 from shoal.workers.backends.base import BackendRequest, OutputTensor
 from shoal.workers.backends.llm.guided import FIELD_NAMES as GUIDED_FIELD_NAMES
 from shoal.workers.backends.llm.guided import guided_params
+from shoal.workers.backends.llm.logits import FIELD_NAMES as LOGITS_FIELD_NAMES
+from shoal.workers.backends.llm.logits import apply_logits_inputs
 from shoal.workers.llm import FinishReason, OutputConfig, Request, Result, SamplingConfig
 
 if TYPE_CHECKING:
@@ -172,11 +177,12 @@ def _tensor_request(inputs: dict[str, npt.NDArray[Any]], exclude_input: bool) ->
         stop_words=_word_list(inputs, "stop_words_list"),
         bad_words=_word_list(inputs, "bad_words_list"),
         guided_decoding_params=guided_params(inputs))
+    apply_logits_inputs(request, inputs)
     names = {"input_token_ids": "input_ids", "input length": "input_ids length",
              "max_tokens": "request_output_len",
              "stop_words": "stop_words_list", "bad_words": "bad_words_list",
              "sampling_config.top_k": "runtime_top_k", "sampling_config.top_p": "runtime_top_p",
-             "sampling_config.seed": "random_seed"} | GUIDED_FIELD_NAMES
+             "sampling_config.seed": "random_seed"} | GUIDED_FIELD_NAMES | LOGITS_FIELD_NAMES
     return ParsedRequest(request, False, names)
 
 
@@ -249,11 +255,12 @@ def _text_request(inputs: dict[str, npt.NDArray[Any]], tokenizer: Tokenizer,
         stop_words=_text_words(inputs, "stop_words", tokenizer),
         bad_words=_text_words(inputs, "bad_words", tokenizer),
         guided_decoding_params=guided_params(inputs))
+    apply_logits_inputs(request, inputs)
     prompt_name = "messages" if "messages" in inputs else "text_input"
     names = {"input_token_ids": prompt_name, "input length": f"{prompt_name} length (tokens)",
              "sampling_config.top_k": "top_k",
              "sampling_config.top_p": "top_p", "sampling_config.seed": "random_seed",
-             } | GUIDED_FIELD_NAMES
+             } | GUIDED_FIELD_NAMES | LOGITS_FIELD_NAMES
     return ParsedRequest(request, True, names)
 
 

@@ -21,6 +21,7 @@ parameter                       meaning                                         
 ``exclude_input_in_output``     non-streaming outputs leave the prompt out            false
 ``dtype``                       ``float32`` / ``float16`` / ``bfloat16``              see Exec.
 ``guided_decoding_backend``     ``xgrammar`` or ``none`` (``guided.py``)              xgrammar
+``logits_post_processors``      python file of logits post-processors (``logits.py``) none
 ``enable_kv_cache_reuse``       reuse KV blocks of identical prompt prefixes          true
 ``enable_chunked_context``      prefill long prompts over several iterations          false
 =============================== ===================================================== =========
@@ -55,6 +56,7 @@ _KNOWN = frozenset({
     "kv_cache_tokens_per_block", "batch_scheduler_policy", "gpt_model_type",
     "exclude_input_in_output", "dtype", "enable_kv_cache_reuse", "enable_chunked_context",
     "guided_decoding_backend",  # read by guided.py (xgrammar | none)
+    "logits_post_processors",  # read by logits.py (a python file in the model's folder)
 })
 _POLICIES = {p.value: p for p in CapacitySchedulerPolicy}
 _BATCHING = {"inflight_fused_batching": BatchingType.INFLIGHT,
