@@ -196,7 +196,7 @@ class Engine:
         if self.guided is not None and state.request.guided_decoding_params is not None:
             choosing, known_argmax = self.guided.constrain(state, touched, logits), None
         choices = choose_tokens(choosing, rows, known_argmax)
-        tops = top_log_probs(logits, rows, state.request.output_config.num_top_log_probs)
+        tops = top_log_probs(choosing, rows, state.request.output_config.num_top_log_probs)
         for seq, row_logits, (token, log_prob), top in zip(touched, logits, choices, tops,
                                                            strict=True):
             self._append(state, seq, token, log_prob, row_logits, top)
