@@ -13,6 +13,8 @@ $(BIN)/shoal: pyproject.toml
 	# torch first, pinned, so no dependency pulls the multi-GB CUDA build
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[test]'
+	# guided decoding's xgrammar without its GPU-only `triton` need (the rest came with .[test])
+	$(BIN)/pip install -q --no-deps 'xgrammar>=0.1.21' 'apache-tvm-ffi>=0.1.11'
 	touch $(BIN)/shoal
 
 setup: $(BIN)/shoal
