@@ -88,21 +88,28 @@ class LlamaModel:
         q_size = spec.num_heads * spec.head_dim
         kv_size = spec.num_kv_heads * spec.head_dim
         cos_sin = self._rotary.at(positions)
+        heads = spec.num_heads + spec.num_kv_heads
         for index, layer in enumerate(self._layers):
             normed = rms_norm(hidden, layer.input_norm, spec.norm_eps)
             qkv = F.linear(normed, layer.qkv, layer.qkv_bias)
-            query = qkv[:, :q_size].view(-1, spec.num_heads, spec.head_dim)
-            key = qkv[:, q_size:q_size + kv_size].view(-1, spec.num_kv_heads, spec.head_dim)
             value = qkv[:, q_size + kv_size:].view(-1, spec.num_kv_heads, spec.head_dim)
             if layer.q_norm is not None and layer.k_norm is not None:
-                query = rms_norm(query, layer.q_norm, spec.norm_eps)
-                key = rms_norm(key, layer.k_norm, spec.norm_eps)
-            query, key = self._rotary.apply(query, key, cos_sin)
+                query = rms_norm(qkv[:, :q_size].view(-1, spec.num_heads, spec.head_dim),
+                                 layer.q_norm, spec.norm_eps)
+                key = rms_norm(qkv[:, q_size:q_size + kv_size].view(
+                    -1, spec.num_kv_heads, spec.head_dim), layer.k_norm, spec.norm_eps)
+                query, key = self._rotary.apply(query, key, cos_sin)
+            else:  # queries and keys side by side: one rotation for both
+                rotated = self._rotary.rotate(
+                    qkv[:, :q_size + kv_size].view(-1, heads, spec.head_dim), cos_sin)
+                query, key = rotated[:, :spec.num_heads], rotated[:, spec.num_heads:]
             attended = paged_attention(query, key, value, kv.layer(index), batch,
                                        spec.attention_scale)
-            hidden = hidden + F.linear(attended.reshape(-1, q_size), layer.out, layer.out_bias)
+            # residual sums in place: ``hidden`` is this forward's own tensor (bitwise the same)
+            hidden = hidden.add_(F.linear(attended.reshape(-1, q_size), layer.out,
+                                          layer.out_bias))
             normed = rms_norm(hidden, layer.post_norm, spec.norm_eps)
             gate, up = F.linear(normed, layer.gate_up, layer.gate_up_bias).chunk(2, dim=-1)
-            hidden = hidden + F.linear(self._act(gate) * up, layer.down, layer.down_bias)
+            hidden = hidden.add_(F.linear(self._act(gate).mul_(up), layer.down, layer.down_bias))
         selected = rms_norm(hidden[logits_rows], self._final_norm, spec.norm_eps)
         return F.linear(selected, self._lm_head).float()
