@@ -80,3 +80,13 @@ def test_completion_logprobs_keep_text_offsets_across_chunks() -> None:
     assert second == {"tokens": ["llo"], "token_logprobs": [-2.0],
                       "top_logprobs": [{"y": -1.0, "llo": -2.0}], "text_offset": [2]}
     assert shaper.document(0, ENTRIES)["text_offset"] == [0, 2]  # type: ignore[index]
+
+
+def test_completion_top_logprobs_keep_the_chosen_tokens_value_when_texts_collide() -> None:
+    entry = {"token": "\ufffd", "bytes": [0xE6], "logprob": -2.0,
+             "top_logprobs": [{"token": "a", "bytes": [97], "logprob": -0.5},
+                              {"token": "\ufffd", "bytes": [0xE7], "logprob": -1.0}]}
+    shaper = LogprobsShaper(SamplingExtras(logprobs=True, top_logprobs=2), chat=False, n=1)
+    document = shaper.document(0, [entry])
+    assert document is not None
+    assert document["top_logprobs"] == [{"\ufffd": -2.0, "a": -0.5}]

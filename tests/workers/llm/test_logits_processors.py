@@ -201,3 +201,31 @@ def test_num_top_log_probs_is_checked(llama_dir: pathlib.Path,
     got = collect(executor, ids)
     assert "num_top_log_probs must be an integer in 0.." in (got[ids[0]][0].error_msg or "")
     assert "num_top_log_probs needs beam_width 1" in (got[ids[1]][0].error_msg or "")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_processors_and_top_log_probs_on_cuda(llama_dir: pathlib.Path,
+                                              make_executor: MakeExecutor) -> None:
+    seen: list[tuple[str, int]] = []
+    free = hf_greedy(llama_dir, PROMPT, 6)
+
+    def ban(req_id: int, logits: torch.Tensor, ids: list[list[int]], stream: int,
+            client_id: int | None) -> None:
+        seen.append((logits.device.type, stream))
+        logits[:, free[0]] = float("-inf")
+
+    executor = make_executor(llama_dir, ExecutorConfig(
+        device="cuda:0", logits_post_processor_config=LogitsPostProcessorConfig(
+            processor_map={"ban": ban})))
+    result = final_result(executor, executor.enqueue_request(Request(
+        PROMPT, 6, logits_post_processor_name="ban",
+        output_config=OutputConfig(return_log_probs=True, num_top_log_probs=3))))
+    generated = result.output_token_ids[0][len(PROMPT):]
+    assert free[0] not in generated
+    assert result.log_probs is not None and result.top_log_probs is not None
+    for token, log_prob, top in zip(generated, result.log_probs[0], result.top_log_probs[0],
+                                    strict=True):
+        assert top[0] == (token, pytest.approx(log_prob, abs=1e-5))
+        assert free[0] not in [t for t, _ in top[:1]]
+    stream = torch.cuda.current_stream(torch.device("cuda:0")).cuda_stream
+    assert seen and all(d == "cuda" and s == stream for d, s in seen)

@@ -7,7 +7,7 @@ an integer 0..``MAX_TOP_LOGPROBS``, the number of alternatives), chat's ``top_lo
 ``SamplingExtras.backend_inputs`` gives the text-form inputs they become; ``token_logprobs``
 entries (the backend's JSON, OpenAI's chat shape) become the response's ``logprobs`` here: chat
 ``{"content": [entries]}``, completions ``{"tokens", "token_logprobs", "top_logprobs" (a dict
-token -> log-prob per token, the chosen token included), "text_offset"}``.
+token text -> log-prob per token, the chosen token included), "text_offset"}``.
 """
 
 from __future__ import annotations
@@ -125,8 +125,11 @@ class CompletionLogprobs:
             tokens.append(entry["token"])
             offsets.append(self._offset)
             self._offset += len(entry["token"])
-            top = {alt["token"]: alt["logprob"] for alt in entry["top_logprobs"]}
-            top.setdefault(entry["token"], entry["logprob"])
+            # keyed by text, so tokens that decode alike (partial characters) share a key: the
+            # chosen token's own log-prob wins, then the likelier alternative
+            top = {entry["token"]: entry["logprob"]}
+            for alt in entry["top_logprobs"]:
+                top.setdefault(alt["token"], alt["logprob"])
             tops.append(top)
         return {"tokens": tokens, "token_logprobs": [e["logprob"] for e in entries],
                 "top_logprobs": tops, "text_offset": offsets}
