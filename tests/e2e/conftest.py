@@ -44,7 +44,11 @@ def serving(srv: ShoalServer) -> Iterator[ShoalServer]:
     """Start ``srv`` for the ``with`` block; at its end the server must stop with exit code 0
     and leave no segment or process behind."""
     segments_before, procs_before = shoal_segments(), shoal_processes()
-    srv.start()
+    try:
+        srv.start()
+    except BaseException:  # not ready in time (or a test timeout): stop it, do not orphan it
+        srv.stop()
+        raise
     try:
         yield srv
     finally:
