@@ -282,3 +282,15 @@ def test_vocabulary_padding_is_never_allowed(tokenizer: Any) -> None:
     allowed = torch.isfinite(masked[0]).nonzero().flatten().tolist()
     assert allowed and max(allowed) < 400
     assert not {0, 1, EOS_ID} & set(allowed)  # specials; the end id only once JSON is whole
+
+
+def test_bitmask_unpacks_to_token_order() -> None:
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+    bitmask = torch.randint(-(2**31), 2**31 - 1, (3, 4), dtype=torch.int32, generator=generator)
+    allowed = GuidedDecoder._allowed(bitmask, 120)  # 4 words = 128 bits, 120 used
+    expected = [[bool((int(bitmask[r, t // 32]) >> (t % 32)) & 1) for t in range(120)]
+                for r in range(3)]
+    assert allowed.tolist() == expected
+    assert GuidedDecoder._allowed(bitmask, 130)[:, 128:].tolist() == [[False, False]] * 3

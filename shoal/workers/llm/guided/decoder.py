@@ -29,6 +29,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from shoal.workers.llm.guided.grammars import DEFAULT_CAPACITY, GrammarCache, GuideError
@@ -41,8 +42,6 @@ if TYPE_CHECKING:
     from shoal.workers.llm.sequence import RequestState, Sequence
 
 logger = logging.getLogger(__name__)
-
-_BITS = 32  # xgrammar's bitmask: int32 words, bit i of word w allows token 32 * w + i
 
 
 @dataclass
@@ -71,7 +70,6 @@ class GuidedDecoder:
         self.grammars = GrammarCache(compiler, cache_capacity)
         self._requests: weakref.WeakKeyDictionary[RequestState, _GuidedRequest] = (
             weakref.WeakKeyDictionary())
-        self._shifts = torch.arange(_BITS, dtype=torch.int32)
 
     # --- enqueue (any thread) ---
 
@@ -148,10 +146,14 @@ class GuidedDecoder:
             entry.accepted += 1
         return entry
 
-    def _allowed(self, bitmask: torch.Tensor, width: int) -> torch.Tensor:
-        """Bool [rows, width] from xgrammar's int32 bitmask [rows, ceil(V / 32)]."""
-        bits = (bitmask.unsqueeze(-1) >> self._shifts) & 1
-        allowed = bits.reshape(bitmask.shape[0], -1).bool()[:, :width]
+    @staticmethod
+    def _allowed(bitmask: torch.Tensor, width: int) -> torch.Tensor:
+        """Bool [rows, width] from xgrammar's int32 bitmask [rows, ceil(V / 32)]: bit i of
+        word w is token 32 w + i, so the little-endian bytes unpacked least significant bit
+        first list the tokens in order."""
+        as_bytes = bitmask.numpy().view(np.uint8)
+        bits = np.unpackbits(as_bytes, axis=-1, bitorder="little")[:, :width]
+        allowed = torch.from_numpy(bits.view(np.bool_))
         if allowed.shape[1] < width:  # logits wider than the vocabulary: the rest refused
             pad = torch.zeros(allowed.shape[0], width - allowed.shape[1], dtype=torch.bool)
             allowed = torch.cat([allowed, pad], dim=1)
