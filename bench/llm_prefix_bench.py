@@ -10,6 +10,8 @@ dir, served by ``shoal serve`` with the example's ``llm`` config (KV blocks of 3
    TTFT = request sent -> first streamed text event, measured by the client. The reuse-on
    server also answers a 16-word prompt without the system prompt before each request: the
    floor (serving path + one short prefill) that reuse can approach.
+   The same requests (as token ids) also go to an in-process ``Executor`` (no HTTP, no broker):
+   the executor's own TTFT, reuse off vs on.
 2. Inter-token latency of running generations while long prompts arrive, chunked context off vs
    on (``enable_chunked_context``, ``max_num_tokens`` ``--max-num-tokens``, reuse off): 4
    streams of 160 tokens start from short prompts; 0.5 s later ``--long-prompts`` distinct
@@ -124,6 +126,32 @@ def measure_ttft(checkpoint: pathlib.Path, tmp: pathlib.Path, reuse: bool,
         server.stop()
 
 
+def measure_in_process(checkpoint: pathlib.Path, reuse: bool,
+                       args: argparse.Namespace) -> list[float]:
+    """TTFT of the same kind of requests submitted as token ids to an in-process Executor."""
+    from shoal.workers.llm import Executor, ExecutorConfig, KvCacheConfig, Request
+
+    rng = random.Random(7)
+    system = [rng.randrange(3, VOCAB) for _ in range(args.system_words)]
+    config = ExecutorConfig(max_num_tokens=4096, max_batch_size=32, kv_cache_config=KvCacheConfig(
+        max_tokens=16384, enable_block_reuse=reuse))
+    with Executor(checkpoint, config) as executor:
+        ttfts = []
+        for index in range(args.requests + 1):  # the first is the warm-up
+            prompt = system + [rng.randrange(3, VOCAB) for _ in range(16)]
+            sent = time.monotonic()
+            request_id = executor.enqueue_request(Request(prompt, 8, streaming=True))
+            while not executor.await_responses(request_id, timeout=60):
+                pass
+            first = time.monotonic()
+            while not any(r.result is not None and r.result.is_final
+                          for r in executor.await_responses(request_id, timeout=60)):
+                pass
+            if index:
+                ttfts.append((first - sent) * 1000.0)
+        return ttfts
+
+
 def measure_itl(checkpoint: pathlib.Path, tmp: pathlib.Path, chunked: bool,
                 args: argparse.Namespace) -> list[float]:
     rng = random.Random(11)
@@ -158,8 +186,8 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def report(ttft: dict[bool, list[float]], floor: list[float], itl: dict[bool, list[float]],
-           args: argparse.Namespace) -> str:
+def report(ttft: dict[bool, list[float]], floor: list[float], in_process: dict[bool, list[float]],
+           itl: dict[bool, list[float]], args: argparse.Namespace) -> str:
     lines = [BEGIN, "## LLM prefix caching and chunked context", "",
              "`.venv/bin/python -m bench.llm_prefix_bench --write` "
              f"(requests {args.requests}, system prompt {args.system_words} tokens, "
@@ -176,8 +204,18 @@ def report(ttft: dict[bool, list[float]], floor: list[float], itl: dict[bool, li
     lines.append(f"| floor: 16-token prompt, no system prompt (reuse-on server) | "
                  f"{statistics.median(floor):.1f} | {statistics.fmean(floor):.1f} | "
                  f"{min(floor):.1f} |")
+    for reuse in (False, True):
+        values = in_process[reuse]
+        lines.append(f"| in-process Executor, block reuse {'on' if reuse else 'off'} | "
+                     f"{statistics.median(values):.1f} | {statistics.fmean(values):.1f} | "
+                     f"{min(values):.1f} |")
     speedup = statistics.median(ttft[False]) / statistics.median(ttft[True])
-    lines += ["", f"TTFT p50 with reuse is {speedup:.1f}x lower.", "",
+    executor_speedup = statistics.median(in_process[False]) / statistics.median(in_process[True])
+    lines += ["", f"TTFT p50 with reuse is {speedup:.1f}x lower through the server, "
+              f"{executor_speedup:.1f}x lower in the Executor."]
+    if not itl:
+        return "\n".join([*lines, END]) + "\n"
+    lines += ["",
               "| ITL of 4 running streams while long prompts arrive | p50 ms | p99 ms | max ms |",
               "|---|---|---|---|"]
     for chunked in (False, True):
@@ -206,9 +244,11 @@ def main() -> None:
         ttft_off, _ = measure_ttft(checkpoint, tmp, False, args)
         ttft_on, floor = measure_ttft(checkpoint, tmp, True, args)
         ttft = {False: ttft_off, True: ttft_on}
-        itl = {chunked: ([0.0] if args.skip_itl else measure_itl(checkpoint, tmp, chunked, args))
-               for chunked in (False, True)}
-    section = report(ttft, floor, itl, args)
+        in_process = {reuse: measure_in_process(checkpoint, reuse, args)
+                      for reuse in (False, True)}
+        itl = {} if args.skip_itl else {chunked: measure_itl(checkpoint, tmp, chunked, args)
+                                        for chunked in (False, True)}
+    section = report(ttft, floor, in_process, itl, args)
     print(section)
     if args.write:
         write_marked_section(BENCH / "RESULTS.md", BEGIN, END, section)
