@@ -86,8 +86,7 @@ def classify(cmdline: Sequence[str], pid: int, is_root: bool) -> Role:
                         f"({device})", model=spec.model_name, version=spec.model_version,
                         instance=spec.instance_name, device=device,
                         arena_prefix=spec.arena_prefix)
-    if module in ("shoal.workers.autocomplete",
-                  "shoal.workers.backends.onnxruntime.autocomplete"):
+    if module == "shoal.workers.autocomplete":
         return Role("autocomplete", f"autocomplete {pid}", "auto-complete helper")
     name = os.path.basename(cmdline[0]) if cmdline else "?"
     return Role("other", f"other {pid}", name)

@@ -7,6 +7,7 @@ other models keep serving."""
 from __future__ import annotations
 
 import concurrent.futures
+import secrets
 import textwrap
 import time
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+import tritonclient.utils.shared_memory as triton_shm
 
 from tests.e2e.conftest import serving
 from tests.e2e.server import ShoalServer
@@ -48,6 +50,13 @@ ACCUMULATE = textwrap.dedent("""
 
 ONE_INSTANCE = 'instance_group [ { kind: KIND_CPU count: 1 } ]\n'
 
+CORRUPT_CONFIG = textwrap.dedent("""
+    backend: "onnxruntime"
+    input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] } ]
+    output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] } ]
+    instance_group [ { kind: KIND_CPU count: 1 } ]
+""")
+
 
 @pytest.fixture(scope="module")
 def onnx_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
@@ -58,9 +67,12 @@ def onnx_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServe
     models.write_model(repo, "bf16", models.bf16_scale(), ONE_INSTANCE)
     models.write_model(repo, "batcher", models.add_sub(), BATCHER)
     models.write_model(repo, "accumulate", models.accumulate(), ACCUMULATE)
-    (repo / "corrupt" / "1").mkdir(parents=True)
-    (repo / "corrupt" / "1" / "model.onnx").write_bytes(b"\x08\x07 this is not a model")
-    server = ShoalServer([str(repo)], ["--exit-on-error=false", "--strict-readiness=false"])
+    for name in ("corrupt", "corrupt_with_config"):  # auto-complete / the worker finds it
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "1" / "model.onnx").write_bytes(b"\x08\x07 this is not a model")
+    (repo / "corrupt_with_config" / "config.pbtxt").write_text(CORRUPT_CONFIG)
+    server = ShoalServer([str(repo)], ["--exit-on-error=false", "--strict-readiness=false",
+                                       "--allow-client-shm=true"])
     with serving(server) as srv:
         _wait_models_ready(srv, MODELS)
         yield srv
@@ -164,13 +176,21 @@ def test_implicit_state_carries_each_sequence(onnx_server: ShoalServer) -> None:
 
 def test_corrupt_model_fails_its_load_clearly_and_others_serve(
         onnx_server: ShoalServer, tmp_path_factory: pytest.TempPathFactory) -> None:
-    index = httpx.post(f"{onnx_server.base}/v2/repository/index").json()
-    corrupt = next(entry for entry in index if entry["name"] == "corrupt")
-    assert corrupt["state"] == "UNAVAILABLE"
-    assert "cannot load ONNX model 'model.onnx'" in corrupt["reason"]
-    assert "corrupt/1/model.onnx" in corrupt["reason"] or "Protobuf" in corrupt["reason"]
-    assert str(tmp_path_factory.getbasetemp()) not in corrupt["reason"]
-    assert all(entry["state"] == "READY" for entry in index if entry["name"] in MODELS)
+    deadline = time.monotonic() + 60
+    while True:  # the worker's load of corrupt_with_config may still be failing
+        index = {entry["name"]: entry for entry in
+                 httpx.post(f"{onnx_server.base}/v2/repository/index").json()}
+        if index["corrupt_with_config"].get("reason") or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    corrupt, corrupt_with_config = index["corrupt"], index["corrupt_with_config"]
+    assert corrupt["state"] == corrupt_with_config["state"] == "UNAVAILABLE"
+    assert "auto-complete from the ONNX graph failed: ONNX model 'model.onnx' cannot be " \
+           "parsed" in corrupt["reason"]
+    assert "cannot load ONNX model 'model.onnx'" in corrupt_with_config["reason"]
+    for reason in (corrupt["reason"], corrupt_with_config["reason"]):
+        assert str(tmp_path_factory.getbasetemp()) not in reason
+    assert all(index[name]["state"] == "READY" for name in MODELS)
     one = np.ones((1, 4), np.float32)
     inputs = [httpclient.InferInput("INPUT0", [1, 4], "FP32"),
               httpclient.InferInput("INPUT1", [1, 4], "FP32")]
@@ -186,3 +206,31 @@ def test_bad_input_gets_a_400_naming_the_field(onnx_server: ShoalServer) -> None
     response = httpx.post(f"{onnx_server.base}/v2/models/mlp/infer", json=body)
     assert response.status_code == 400
     assert "'x'" in response.json()["error"]
+
+
+def test_client_shared_memory_output_next_to_an_arena_output(onnx_server: ShoalServer) -> None:
+    """add_sub's outputs are written into slots lent to ONNX Runtime: OUTPUT0 asked into a
+    client's system shared-memory region is copied there, OUTPUT1 comes from the arena; both
+    are right, request after request (the lent slot nobody references is given back)."""
+    client = httpclient.InferenceServerClient(onnx_server.url)
+    tag = secrets.token_hex(6)
+    region = triton_shm.create_shared_memory_region("onnx_out", f"/onnx-out-{tag}", 64)
+    try:
+        client.register_system_shared_memory("onnx_out", f"/onnx-out-{tag}", 64)
+        for step in range(3):
+            a = np.arange(8, dtype=np.float32).reshape(2, 4) + step
+            b = np.full((2, 4), 0.5, np.float32)
+            inputs = [httpclient.InferInput("INPUT0", [2, 4], "FP32"),
+                      httpclient.InferInput("INPUT1", [2, 4], "FP32")]
+            inputs[0].set_data_from_numpy(a)
+            inputs[1].set_data_from_numpy(b)
+            outputs = [httpclient.InferRequestedOutput("OUTPUT0", binary_data=True),
+                       httpclient.InferRequestedOutput("OUTPUT1", binary_data=True)]
+            outputs[0].set_shared_memory("onnx_out", 32)
+            result = client.infer("add_sub", inputs, outputs=outputs)
+            np.testing.assert_array_equal(
+                triton_shm.get_contents_as_numpy(region, np.float32, [2, 4]), a + b)
+            np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+        client.unregister_system_shared_memory("onnx_out")
+    finally:
+        triton_shm.destroy_shared_memory_region(region)

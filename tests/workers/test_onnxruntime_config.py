@@ -4,10 +4,7 @@ parameters and ``optimization`` as Triton's onnxruntime backend names them."""
 
 from __future__ import annotations
 
-import json
 import pathlib
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -26,6 +23,7 @@ from shoal.workers.backends.onnxruntime.autocomplete import (  # noqa: E402
     onnx_auto_complete,
 )
 from shoal.workers.backends.onnxruntime.graph_io import graph_tensors  # noqa: E402
+from shoal.workers.backends.onnxruntime.onnx_graph import read_graph_io  # noqa: E402
 
 
 def config(text: str = "") -> ModelConfig:
@@ -90,7 +88,7 @@ def test_config_with_inputs_and_outputs_is_left_alone() -> None:
     assert completed(models.mlp(), text) == config(text)
 
 
-def test_auto_complete_runs_in_a_throw_away_interpreter(tmp_path: pathlib.Path) -> None:
+def test_auto_complete_reads_a_directory_models_graph(tmp_path: pathlib.Path) -> None:
     models.write_model(tmp_path, "m", models.mlp(), as_directory=True)
     done = onnx_auto_complete(str(tmp_path / "m"), config(), 8)
     assert config_to_json(done)["max_batch_size"] == 8
@@ -103,18 +101,22 @@ def test_auto_complete_of_a_corrupt_file_names_the_file_not_its_path(
     (tmp_path / "m" / "1" / "model.onnx").write_bytes(b"\x00garbage")
     with pytest.raises(ShoalError) as failure:
         onnx_auto_complete(str(tmp_path / "m"), config(), 4)
-    assert "cannot load ONNX model 'model.onnx'" in failure.value.message
+    assert "ONNX model 'model.onnx' cannot be parsed" in failure.value.message
     assert str(tmp_path) not in failure.value.message
 
 
-def test_auto_complete_command_line_writes_triton_config_json(tmp_path: pathlib.Path) -> None:
+@pytest.mark.parametrize("build", ["add_sub", "mlp", "strings_and_half", "fixed_shape",
+                                   "bf16_scale", "accumulate", "ragged_double"])
+def test_graph_read_from_the_file_equals_onnxruntimes_view(tmp_path: pathlib.Path,
+                                                           build: str) -> None:
+    """The broker's protobuf reader sees the inputs (initializers left out), outputs, types and
+    dims ONNX Runtime's session reports."""
+    model = getattr(models, build)()
     path = tmp_path / "model.onnx"
-    path.write_bytes(models.add_sub())
-    proc = subprocess.run([sys.executable, "-m", "shoal.workers.backends.onnxruntime.autocomplete",
-                           str(path), "4"], input=b'{"name": "m"}', capture_output=True,
-                          check=True)
-    doc = json.loads(proc.stdout)
-    assert doc["max_batch_size"] == 4 and [i["dims"] for i in doc["input"]] == [[4], [4]]
+    path.write_bytes(model)
+    session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    assert read_graph_io(str(path)) == (graph_tensors(session.get_inputs()),
+                                        graph_tensors(session.get_outputs()))
 
 
 # ------------------------------------------------------------------ session setup

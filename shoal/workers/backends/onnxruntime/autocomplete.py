@@ -14,29 +14,22 @@ backend (``ModelState::AutoCompleteConfig``):
 Order: Triton keeps the graph's tensors in a hash map, so its order is unspecified; shoal
 writes them in graph order.
 
-The graph is read in a throw-away interpreter (as the python backend's auto-complete is), so
-the broker never imports ONNX Runtime nor holds a model's weights:
-``python -m shoal.workers.backends.onnxruntime.autocomplete <model path> <default max batch>``
-reads the partial config (protobuf JSON) on stdin and writes the completed one (Triton /config
-JSON) on stdout; on failure one line on stderr and exit status 1.
+Triton reads the graph by creating a session; the broker reads only the graph's inputs and
+outputs from the file's protobuf (``onnx_graph``), on its load thread: no ONNX Runtime, no
+interpreter to start, no weights read.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
-import subprocess
-import sys
 
 from tritonclient.grpc.model_config_pb2 import DataType, ModelConfig, ModelInput, ModelOutput
 
 from shoal.errors import ShoalError, invalid_arg
-from shoal.model_config import config_from_json, config_to_json
 from shoal.workers.backends.onnxruntime.graph_io import GraphTensor, config_type_name
+from shoal.workers.backends.onnxruntime.onnx_graph import read_graph_io
 
 DEFAULT_MODEL_FILENAME = "model.onnx"
-_TIMEOUT_S = 60.0
 
 
 def needs_auto_complete(config: ModelConfig) -> bool:
@@ -89,7 +82,7 @@ def _fill_io(io: ModelInput | ModelOutput, tensor: GraphTensor, max_batch_size: 
     io.dims.extend(dims)
 
 
-# ------------------------------------------------------------------ broker side
+# ------------------------------------------------------------------ the broker's call
 
 
 def model_file_path(model_dir: str, config: ModelConfig) -> str | None:
@@ -116,48 +109,20 @@ def resolve_model_path(path: str) -> str | None:
 
 def onnx_auto_complete(model_dir: str, config: ModelConfig,
                        default_max_batch_size: int) -> ModelConfig:
-    """The broker's call: complete ``config`` in a throw-away interpreter (see the module
-    docstring). Returns ``config`` unchanged when nothing is to be completed or there is no
-    model file (the load then fails with the backend's own message)."""
+    """The broker's call: ``config`` completed from the graph (see the module docstring).
+    Returns ``config`` unchanged when nothing is to be completed or there is no model file (the
+    load then fails with the backend's own message)."""
     if not needs_auto_complete(config):
         return config
     path = model_file_path(model_dir, config)
     if path is None:
         return config
-    from google.protobuf import json_format
-
-    partial = json_format.MessageToJson(config, preserving_proto_field_name=True)
-    proc = subprocess.run(
-        [sys.executable, "-m", "shoal.workers.backends.onnxruntime.autocomplete", path,
-         str(default_max_batch_size)],
-        input=partial.encode(), capture_output=True, timeout=_TIMEOUT_S, check=False)
-    if proc.returncode != 0:
-        lines = proc.stderr.decode(errors="replace").strip().splitlines()
-        detail = lines[-1] if lines else f"exit code {proc.returncode}"
-        raise invalid_arg(f"{os.path.basename(model_dir)}: auto-complete from the ONNX graph "
-                          f"failed: {detail}")
-    return config_from_json(proc.stdout)
-
-
-# ------------------------------------------------------------------ the throw-away interpreter
-
-
-def _graph_of(path: str) -> tuple[list[GraphTensor], list[GraphTensor]]:
-    from shoal.workers.backends.onnxruntime.graph_io import graph_tensors
-    from shoal.workers.backends.onnxruntime.runtime import import_onnxruntime
-
-    ort = import_onnxruntime()
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.intra_op_num_threads = 1
-    options.inter_op_num_threads = 1
     try:
-        session = ort.InferenceSession(path, sess_options=options,
-                                       providers=["CPUExecutionProvider"])
-    except Exception as exc:
-        raise invalid_arg(f"cannot load ONNX model '{os.path.basename(path)}': "
-                          f"{ort_message(exc, path)}") from None
-    return graph_tensors(session.get_inputs()), graph_tensors(session.get_outputs())
+        inputs, outputs = read_graph_io(path)
+    except ShoalError as exc:
+        raise ShoalError(exc.code, f"{os.path.basename(model_dir)}: auto-complete from the "
+                         f"ONNX graph failed: {exc.message}") from None
+    return complete_config(config, inputs, outputs, default_max_batch_size)
 
 
 def ort_message(exc: BaseException, path: str) -> str:
@@ -169,29 +134,3 @@ def ort_message(exc: BaseException, path: str) -> str:
     relative = os.path.join(*parts[-4:]) if parts[-2] == "model.onnx" else \
         os.path.join(*parts[-3:])
     return text.replace(path, relative)
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 2:
-        sys.stderr.write("usage: python -m shoal.workers.backends.onnxruntime.autocomplete "
-                         "<model path> <default max batch size>\n")
-        return 1
-    try:
-        partial = config_from_json(sys.stdin.read() or "{}")
-        with contextlib.redirect_stdout(sys.stderr):
-            inputs, outputs = _graph_of(args[0])
-            completed = complete_config(partial, inputs, outputs, int(args[1]))
-        sys.stdout.write(json.dumps(config_to_json(completed)) + "\n")
-    except ShoalError as exc:
-        sys.stderr.write(exc.message.replace("\n", " ") + "\n")
-        return 1
-    except Exception as exc:
-        sys.stderr.write(f"auto-complete failed: {type(exc).__name__}: {exc}\n".replace(
-            "\n", " ").rstrip() + "\n")
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
