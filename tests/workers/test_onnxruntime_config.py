@@ -236,3 +236,19 @@ def test_example_onnx_mlp_completes_and_equals_the_torchscript_example() -> None
     expected = torchscript(torch.from_numpy(x)).detach().numpy()
     got = {t.name: t.array for t in answer.outputs}["OUTPUT__0"]  # type: ignore[union-attr]
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_non_tensor_graph_output_is_unsupported_as_in_triton(tmp_path: pathlib.Path) -> None:
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("SequenceConstruct", ["x"], ["seq"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 2])],
+        [helper.make_tensor_sequence_value_info("seq", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    path = tmp_path / "model.onnx"
+    path.write_bytes(model.SerializeToString())
+    with pytest.raises(ShoalError, match="Unsupported ONNX Type 'seq' for I/O 'seq', expected "
+                                         "'ONNX_TYPE_TENSOR'"):
+        read_graph_io(str(path))
