@@ -22,6 +22,7 @@ from shoal.broker.custom_metrics import merge_custom_metrics
 from shoal.broker.ensemble.driver import ENSEMBLE_LEASE, INTERNAL, EnsembleDriver
 from shoal.broker.frontend_link import BLS_PREFIX, FrontendLink
 from shoal.broker.health import note_progress
+from shoal.broker.lifecycle.device_ledger import device_memory
 from shoal.broker.lifecycle.driver import LifecycleDriver
 from shoal.broker.model_runtime import InstanceSlot, ModelVersionRuntime
 from shoal.broker.models import ModelManager
@@ -215,8 +216,9 @@ class BrokerLoop:
             models = self.models.stats(message.model, message.version,
                                        self.ensembles.in_flight)
             custom = [] if message.model else self.custom_metrics()
+            devices = [] if message.model else device_memory(self.lifecycle.ledger)
             self.frontends.send(identity, StatsReply(message.query_id, models,
-                                                     custom_metrics=custom))
+                                                     custom_metrics=custom, devices=devices))
 
     def custom_metrics(self) -> list[CustomMetricFamily]:
         """The models' custom metrics over the workers still serving (an unloading model's go

@@ -292,11 +292,33 @@ class ModelStats(msgspec.Struct, frozen=True, array_like=True):
     llm: LlmStats | None = None  # llm backend: executor figures summed over the live instances
 
 
+class DeviceMemoryHolder(msgspec.Struct, frozen=True, array_like=True):
+    """Bytes of one device that the device-memory ledger reserves for a model, by part:
+    ``weights``, ``kv_pool`` (llm backend), ``workspace``, ``margin``."""
+
+    model: str
+    part: str
+    nbytes: int
+
+
+class DeviceMemory(msgspec.Struct, frozen=True, array_like=True):
+    """One GPU's row of the broker's device-memory ledger (``capacity`` / ``limit`` -1:
+    unknown, admission unchecked)."""
+
+    device: int
+    capacity: int
+    limit: int
+    reserved: int
+    holders: list[DeviceMemoryHolder] = []
+
+
 class StatsReply(msgspec.Struct, frozen=True, array_like=True):
-    """``custom_metrics``: the models' custom metrics merged over the live workers; only in the
-    answer to an all-models query (``StatsRequest.model`` "")."""
+    """``custom_metrics``: the models' custom metrics merged over the live workers;
+    ``devices``: the device-memory ledger; both only in the answer to an all-models query
+    (``StatsRequest.model`` "")."""
 
     query_id: int
     models: list[ModelStats]
     error: Error | None = None
     custom_metrics: list[CustomMetricFamily] = []
+    devices: list[DeviceMemory] = []

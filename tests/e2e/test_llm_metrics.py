@@ -3,10 +3,13 @@ its own server so every count starts at zero): after requests through the OpenAI
 tritonclient gRPC, ``/metrics`` counts exactly the prompt and generated tokens served, the
 time-to-first-token histogram one observation per request and the inter-token histogram one per
 generated token after the first; the statistics document carries the same figures
-(``shoal_llm``); a cancelled stream's KV blocks and its active request go back to zero."""
+(``shoal_llm``); a cancelled stream's KV blocks and its active request go back to zero. On a
+(test-only, fake) GPU the device-memory ledger holds the model's KV pool, exactly the bytes the
+executor allocated, and its weights, from load to unload."""
 
 from __future__ import annotations
 
+import pathlib
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -17,6 +20,7 @@ import openai
 import pytest
 import tritonclient.grpc as grpcclient
 
+from tests.e2e.conftest import serving
 from tests.e2e.server import ShoalServer
 from tests.e2e.test_llm_serving import (  # noqa: F401  (module fixtures, shared)
     MAX_POSITIONS,
@@ -28,6 +32,7 @@ from tests.e2e.test_llm_serving import (  # noqa: F401  (module fixtures, shared
     tensor_inputs,
     tokenizer,
 )
+from tests.ops.live import tiny_llm_model
 
 LABELS = {"model": "llm", "version": "1"}
 
@@ -63,10 +68,16 @@ def sample(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: 
 
 
 def llm_stats(server: ShoalServer) -> dict[str, Any]:
-    r = httpx.get(f"{server.base}/v2/models/llm/stats", timeout=10)
-    assert r.status_code == 200, r.text
-    (entry,) = r.json()["model_stats"]
-    llm: dict[str, Any] = entry["shoal_llm"]
+    """The ``shoal_llm`` field of the model's statistics (waiting for the worker's first
+    heartbeat after its load, which carries the first figures)."""
+    def entry() -> dict[str, Any]:
+        r = httpx.get(f"{server.base}/v2/models/llm/stats", timeout=10)
+        assert r.status_code == 200, r.text
+        (found,) = r.json()["model_stats"]
+        return dict(found)
+
+    llm: dict[str, Any] = wait_for("shoal_llm in the statistics", entry,
+                                   lambda e: "shoal_llm" in e)["shoal_llm"]
     return llm
 
 
@@ -180,3 +191,36 @@ def test_a_cancelled_stream_gives_back_its_blocks_and_request(
     samples = scrape(llm_server)
     assert sample(samples, "nv_trt_llm_kv_cache_block_metrics", kv_cache_block_type="used") == 0
     assert sample(samples, "nv_trt_llm_request_metrics", request_type="active") == 0
+
+
+def reserved(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float],
+             part: str) -> float | None:
+    """The ledger's bytes of GPU 0 held for the llm model's ``part``."""
+    return samples.get(("shoal_device_memory_reserved_bytes",
+                        (("device", "0"), ("model", "llm"), ("part", part))))
+
+
+def test_the_device_ledger_holds_the_kv_pool_and_weights_from_load_to_unload(
+        tmp_path: pathlib.Path) -> None:
+    tiny_llm_model(tmp_path / "llm")
+    config = tmp_path / "llm" / "config.pbtxt"
+    text = config.read_text()
+    assert text.count("instance_group [ { count: 1 kind: KIND_CPU } ]") == 1
+    config.write_text(text.replace("instance_group [ { count: 1 kind: KIND_CPU } ]",
+                                   "instance_group [ { count: 1 kind: KIND_GPU gpus: [ 0 ] } ]"))
+    args = ["--model-control-mode=explicit", "--load-model=llm",
+            "--model-load-device-margin-bytes=0"]
+    with serving(ShoalServer([str(tmp_path)], args, env={"SHOAL_FAKE_GPUS": "0:2GiB"})) as srv:
+        memory = llm_stats(srv)["memory"]  # what the executor allocated
+        samples = scrape(srv)
+        held = {part: reserved(samples, part) for part in ("kv_pool", "weights", "margin")}
+        assert held["kv_pool"] == memory["kv_pool_bytes"] > 0
+        weights = sum(f.stat().st_size for f in (tmp_path / "llm" / "checkpoint").glob(
+            "*.safetensors"))
+        assert held["weights"] == weights > 0 and held["margin"] == 0
+        assert samples[("shoal_device_memory_capacity_bytes", (("device", "0"),))] == 2 << 30
+
+        r = httpx.post(f"{srv.base}/v2/repository/models/llm/unload", timeout=30)
+        assert r.status_code == 200, r.text
+        wait_for("the reservation released", lambda: scrape(srv),
+                 lambda s: reserved(s, "kv_pool") is None, timeout=60)

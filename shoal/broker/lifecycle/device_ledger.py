@@ -10,8 +10,13 @@ limited. The need of one instance is an estimate, not a measurement of the runni
 
     weights   the model config parameter ``shoal_device_memory_bytes`` ("2GiB", "512MiB",
               "1073741824") when given, else the size of the files in the version directory
+              (an ``llm``-backend model: its checkpoint's weights, ``llm_need.py``)
+    + kv_pool  an ``llm``-backend model's KV cache pool, as its executor sizes it
     + the device workspace pool the worker reserves (``shoal.workers.workspace``)
     + ``--model-load-device-margin-bytes`` (CUDA context, allocator slack, activations)
+
+Each reservation keeps these parts per device (``DeviceHolder.parts``: ``weights``,
+``kv_pool``, ``workspace``, ``margin``) for where the ledger is shown (``/metrics``).
 
 Capacities come from ``nvidia-smi`` (``discover_capacities``); the broker never imports torch or
 creates a CUDA context. Ascend NPUs are not queried: a device whose capacity is unknown is
@@ -33,6 +38,7 @@ from typing import Final
 from tritonclient.grpc.model_config_pb2 import ModelConfig
 
 from shoal.errors import invalid_arg
+from shoal.messages import DeviceMemory, DeviceMemoryHolder
 from shoal.model_config import instance_names
 from shoal.settings import Settings
 from shoal.workers.devices import (
@@ -57,7 +63,8 @@ _GIB: Final = 1 << 30
 
 
 def device_needs(config: ModelConfig, version_dirs: Sequence[str], margin_bytes: int,
-                 workspace_bytes: int, *, gpu_count: int = 0) -> dict[int, int]:
+                 workspace_bytes: int, *, gpu_count: int = 0,
+                 instance_parts: Mapping[str, int] | None = None) -> dict[int, int]:
     """Bytes of device memory per device id that every KIND_GPU instance of ``config`` (a
     normalized config) takes, summed over ``version_dirs`` (each loaded version runs its own
     instances). Devices with no GPU instance are absent; a CPU-only model needs ``{}``.
@@ -66,17 +73,34 @@ def device_needs(config: ModelConfig, version_dirs: Sequence[str], margin_bytes:
     directory's files, plus ``workspace_bytes`` (``device_workspace_bytes``) and
     ``margin_bytes``. KIND_MODEL instances count on device 0 when ``gpu_count`` > 0 (the
     worker then places them on the accelerator), else nothing. INVALID_ARG for a bad
-    ``shoal_device_memory_bytes``."""
+    ``shoal_device_memory_bytes``. ``instance_parts`` (an llm-backend model's ``weights`` and
+    ``kv_pool``) replace the files' size; a declared size still replaces ``weights``."""
+    return {device: sum(parts.values()) for device, parts in device_need_parts(
+        config, version_dirs, margin_bytes, workspace_bytes, gpu_count=gpu_count,
+        instance_parts=instance_parts).items()}
+
+
+def device_need_parts(config: ModelConfig, version_dirs: Sequence[str], margin_bytes: int,
+                      workspace_bytes: int, *, gpu_count: int = 0,
+                      instance_parts: Mapping[str, int] | None = None
+                      ) -> dict[int, dict[str, int]]:
+    """``device_needs`` per device, split into its parts (``weights``, ``kv_pool``,
+    ``workspace``, ``margin``)."""
     instances = device_instances(config, gpu_count=gpu_count)
     if not instances:
         return {}
     declared = declared_device_bytes(config)
-    needs: dict[int, int] = {}
+    needs: dict[int, dict[str, int]] = {}
     for version_dir in version_dirs:
-        weights = declared if declared is not None else model_files_bytes(version_dir)
-        per_instance = weights + workspace_bytes + margin_bytes
+        parts = dict(instance_parts) if instance_parts is not None \
+            else {"weights": model_files_bytes(version_dir)}
+        if declared is not None:
+            parts["weights"] = declared
+        parts.update(workspace=workspace_bytes, margin=margin_bytes)
         for device, count in instances.items():
-            needs[device] = needs.get(device, 0) + count * per_instance
+            held = needs.setdefault(device, {})
+            for part, nbytes in parts.items():
+                held[part] = held.get(part, 0) + count * nbytes
     return needs
 
 
@@ -127,6 +151,7 @@ class DeviceHolder:
     owner: str
     model: str
     nbytes: int
+    parts: tuple[tuple[str, int], ...] = ()  # what the bytes are (weights, kv_pool, ...)
 
 
 @dataclass(frozen=True)
@@ -144,6 +169,7 @@ class DeviceUsage:
 class _Reservation:
     model: str
     needs: dict[int, int]
+    parts: dict[int, dict[str, int]]
 
 
 class DeviceLedger:
@@ -161,10 +187,12 @@ class DeviceLedger:
         self._reservations: dict[str, _Reservation] = {}
 
     def admit(self, owner: str, model: str, needs: Mapping[int, int], *,
-              instances: Mapping[int, int] | None = None) -> str | None:
+              instances: Mapping[int, int] | None = None,
+              parts: Mapping[int, Mapping[str, int]] | None = None) -> str | None:
         """Reserve ``needs`` (bytes per device id) for ``owner`` and return None, or return why
-        not and reserve nothing. ``instances`` (per device) only enriches the message. An
-        owner holds at most one reservation: ValueError if it already holds one."""
+        not and reserve nothing. ``instances`` (per device) only enriches the message;
+        ``parts`` (per device, what the bytes are) is kept for ``usage``. An owner holds at
+        most one reservation: ValueError if it already holds one."""
         if owner in self._reservations:
             raise ValueError(f"owner '{owner}' already holds a device reservation")
         wanted = {device: nbytes for device, nbytes in sorted(needs.items()) if nbytes}
@@ -175,7 +203,8 @@ class DeviceLedger:
         if problems:
             return f"device memory admission refused loading '{model}': " + "; ".join(problems)
         if wanted:
-            self._reservations[owner] = _Reservation(model, wanted)
+            self._reservations[owner] = _Reservation(
+                model, wanted, {device: dict((parts or {}).get(device, {})) for device in wanted})
         return None
 
     def release(self, owner: str) -> None:
@@ -198,7 +227,8 @@ class DeviceLedger:
         return sum(r.needs.get(device, 0) for r in self._reservations.values())
 
     def _holders(self, device: int) -> tuple[DeviceHolder, ...]:
-        return tuple(DeviceHolder(owner, r.model, r.needs[device])
+        return tuple(DeviceHolder(owner, r.model, r.needs[device],
+                                  tuple(sorted(r.parts.get(device, {}).items())))
                      for owner, r in self._reservations.items() if device in r.needs)
 
     def _refusal(self, device: int, nbytes: int, instances: int | None) -> str | None:
@@ -232,6 +262,23 @@ class DeviceLedger:
             return "nothing"
         ordered = sorted(by_model.items(), key=lambda item: (-item[1], item[0]))
         return ", ".join(f"'{model}' {format_bytes(nbytes)}" for model, nbytes in ordered)
+
+
+def device_memory(ledger: DeviceLedger) -> list[DeviceMemory]:
+    """The ledger as it crosses to the frontends (``StatsReply.devices``): per device, the bytes
+    reserved per model and part (the generations of a model being reloaded summed)."""
+    rows: list[DeviceMemory] = []
+    for usage in ledger.usage():
+        held: dict[tuple[str, str], int] = {}
+        for holder in usage.holders:
+            for part, nbytes in holder.parts or (("model", holder.nbytes),):
+                held[(holder.model, part)] = held.get((holder.model, part), 0) + nbytes
+        rows.append(DeviceMemory(
+            usage.device, -1 if usage.capacity is None else usage.capacity,
+            -1 if usage.limit is None else usage.limit, usage.reserved,
+            [DeviceMemoryHolder(model, part, nbytes)
+             for (model, part), nbytes in sorted(held.items())]))
+    return rows
 
 
 def format_bytes(nbytes: int) -> str:

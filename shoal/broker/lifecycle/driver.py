@@ -21,9 +21,10 @@ from typing import Protocol
 from shoal.broker.ensemble import composing_model_names, validate_ensemble
 from shoal.broker.lifecycle.device_ledger import (
     device_instances,
-    device_needs,
+    device_need_parts,
     ledger_from_settings,
 )
+from shoal.broker.lifecycle.llm_need import llm_instance_bytes
 from shoal.broker.lifecycle.materialize import remove_materialized
 from shoal.broker.lifecycle.polling import PollTracker, fingerprint_models
 from shoal.broker.lifecycle.records import (
@@ -197,16 +198,33 @@ class LifecycleDriver:
         version_dirs = [os.path.join(generation.source.model_dir, str(v))
                         for v in generation.runtimes]
         gpus = self.models.gpu_count
-        needs = device_needs(config, version_dirs, self.settings.model_load_device_margin_bytes,
-                             device_workspace_bytes(config, self.settings.backend_config),
-                             gpu_count=gpus)
+        parts = device_need_parts(config, version_dirs,
+                                  self.settings.model_load_device_margin_bytes,
+                                  device_workspace_bytes(config, self.settings.backend_config),
+                                  gpu_count=gpus, instance_parts=self._llm_parts(generation))
+        needs = {device: sum(held.values()) for device, held in parts.items()}
         owner = f"{generation.name}#{generation.id}"
         refusal = self.ledger.admit(
             owner, generation.name, needs,
-            instances=device_instances(config, len(generation.runtimes), gpu_count=gpus))
+            instances=device_instances(config, len(generation.runtimes), gpu_count=gpus),
+            parts=parts)
         if refusal is not None:
             raise ShoalError(ErrorCode.INVALID_ARG, refusal)
         generation.ledger_owner = owner
+
+    def _llm_parts(self, generation: Generation) -> dict[str, int] | None:
+        """An llm-backend model's checkpoint weights and KV pool per instance (``llm_need``);
+        None for other backends. A pool sized by free memory takes its share of the least free
+        device its instances use."""
+        config = generation.source.config
+        if config.backend != "llm":
+            return None
+        devices = device_instances(config, gpu_count=self.models.gpu_count)
+        free = [limit - self.ledger.reserved_bytes(device) for device in devices
+                if (limit := self.ledger.limit_bytes(device)) is not None]
+        parameters = {key: value.string_value for key, value in config.parameters.items()}
+        return llm_instance_bytes(parameters, generation.source.model_dir,
+                                  min(free) if free else None)
 
     def _load_composing(self, record: ModelRecord, generation: Generation, now: float) -> None:
         generation.dependencies = tuple(composing_model_names(generation.source.config))

@@ -26,6 +26,7 @@ from starlette.routing import BaseRoute, Route
 from shoal.errors import ShoalError
 from shoal.frontend.metrics.config import SUMMARY_MAX_AGE_S, MetricsConfig
 from shoal.frontend.metrics.custom import custom_families
+from shoal.frontend.metrics.device_ledger import device_ledger_families
 from shoal.frontend.metrics.exposition import CONTENT_TYPE, render
 from shoal.frontend.metrics.families import cpu_families, lifecycle_families, model_families
 from shoal.frontend.metrics.gpu import GpuReading, NvmlReader, gpu_families
@@ -35,7 +36,13 @@ from shoal.frontend.metrics.latency import (
     summary_families,
 )
 from shoal.frontend.metrics.llm import llm_families
-from shoal.messages import CustomMetricFamily, ModelStats, RepositorySnapshot, StatsReply
+from shoal.messages import (
+    CustomMetricFamily,
+    DeviceMemory,
+    ModelStats,
+    RepositorySnapshot,
+    StatsReply,
+)
 from shoal.settings import Settings
 
 if TYPE_CHECKING:
@@ -48,10 +55,11 @@ def render_prometheus(stats: Sequence[ModelStats], snapshot: RepositorySnapshot 
                       *, config: MetricsConfig | None = None,
                       custom: Sequence[CustomMetricFamily] = (),
                       gpus: Sequence[GpuReading] = (), windows: SummaryWindows | None = None,
-                      now: float | None = None) -> str:
+                      now: float | None = None, devices: Sequence[DeviceMemory] = ()) -> str:
     """The text exposition: per-version families of ``stats``, the latency histogram and
     summaries as ``config`` asks (summary quantiles over ``windows`` at ``now``), the lifecycle
-    of ``snapshot``, CPU, the ``gpus`` readings and the models' ``custom`` families."""
+    of ``snapshot``, CPU, the ``gpus`` readings, the device-memory ledger's ``devices`` and the
+    models' ``custom`` families."""
     config = config or MetricsConfig()
     families: list[Metric] = [*model_families(stats, config.counter_latencies)]
     if config.histogram_latencies:
@@ -66,6 +74,7 @@ def render_prometheus(stats: Sequence[ModelStats], snapshot: RepositorySnapshot 
     families.extend(cpu_families())
     if config.allow_gpu_metrics:
         families.extend(gpu_families(gpus))
+    families.extend(device_ledger_families(devices))
     families.extend(custom_families(custom, {family.name for family in families}))
     return render(families)
 
@@ -165,11 +174,12 @@ def create_metrics_app(dataplane: DataPlane, extra_routes: Sequence[BaseRoute] =
         reply = await _all_stats(dataplane)
         models: Sequence[ModelStats] = reply.models if reply is not None else ()
         custom: Iterable[CustomMetricFamily] = reply.custom_metrics if reply is not None else ()
+        devices: Sequence[DeviceMemory] = reply.devices if reply is not None else ()
         # off the event loop (measured, best of 15: 3 ms for 10 versions with summaries and
         # histograms, 35 ms for 100): frontend 0's loop keeps serving meanwhile, sharing the GIL
         text = await asyncio.to_thread(
             render_prometheus, models, dataplane.snapshot, config=config, custom=list(custom),
-            gpus=poller.gpus, windows=poller.windows)
+            gpus=poller.gpus, windows=poller.windows, devices=list(devices))
         return Response(text.encode(), media_type=CONTENT_TYPE)
 
     async def other(request: Request, exc: Exception) -> Response:

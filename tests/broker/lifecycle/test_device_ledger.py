@@ -13,6 +13,8 @@ from shoal.broker.lifecycle.device_ledger import (
     DeviceLedger,
     DeviceUsage,
     device_instances,
+    device_memory,
+    device_need_parts,
     device_needs,
     discover_capacities,
     format_bytes,
@@ -20,6 +22,7 @@ from shoal.broker.lifecycle.device_ledger import (
     model_files_bytes,
 )
 from shoal.errors import ErrorCode, ShoalError
+from shoal.messages import DeviceMemory, DeviceMemoryHolder
 from shoal.model_config import normalize_config, parse_config_text
 from shoal.settings import Settings
 from shoal.workers.workspace import device_workspace_bytes
@@ -303,3 +306,32 @@ def test_ledger_from_settings_uses_visible_gpus_sizes_and_limits(
                                    device_count=1, environ={"CUDA_VISIBLE_DEVICES": ""})
     assert unknown.usage() == [DeviceUsage(0, None, None, 0, ())]
     assert "cannot be enforced" in caplog.text
+
+
+# ------------------------------------------------------------------ parts (llm KV pool)
+
+
+def test_parts_split_the_need_and_an_llm_instance_counts_its_kv_pool(
+        tmp_path: pathlib.Path) -> None:
+    cfg = config('instance_group [{kind: KIND_GPU, count: 2, gpus: [1]}]')
+    parts = device_need_parts(cfg, [str(tmp_path)], margin_bytes=10, workspace_bytes=0,
+                              instance_parts={"weights": 300, "kv_pool": 700})
+    assert parts == {1: {"weights": 600, "kv_pool": 1400, "workspace": 0, "margin": 20}}
+    assert device_needs(cfg, [str(tmp_path)], margin_bytes=10, workspace_bytes=0,
+                        instance_parts={"weights": 300, "kv_pool": 700}) == {1: 2020}
+
+
+def test_the_ledger_as_shown_sums_a_models_generations_by_part() -> None:
+    ledger = DeviceLedger({0: 4 * GIB, 1: None}, {0: 0.5})
+    ledger.admit("llm#1", "llm", {0: 30}, parts={0: {"weights": 10, "kv_pool": 20}})
+    ledger.admit("llm#2", "llm", {0: 30}, parts={0: {"weights": 10, "kv_pool": 20}})  # reload
+    ledger.admit("mlp#1", "mlp", {0: 5})  # no parts given: one "model" part
+    assert device_memory(ledger) == [
+        DeviceMemory(0, 4 * GIB, 2 * GIB, 65, [
+            DeviceMemoryHolder("llm", "kv_pool", 40), DeviceMemoryHolder("llm", "weights", 20),
+            DeviceMemoryHolder("mlp", "model", 5)]),
+        DeviceMemory(1, -1, -1, 0, []),
+    ]
+    ledger.release("llm#1")
+    ledger.release("llm#2")
+    assert device_memory(ledger)[0].holders == [DeviceMemoryHolder("mlp", "model", 5)]
