@@ -50,20 +50,29 @@ def read_graph_io(path: str) -> tuple[list[GraphTensor], list[GraphTensor]]:
     name = os.path.basename(path)
     try:
         with open(path, "rb") as file:
-            size = os.fstat(file.fileno()).st_size
-            if size == 0:
+            if os.fstat(file.fileno()).st_size == 0:
                 raise invalid_arg(f"ONNX model '{name}' is empty")
             with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-                view = memoryview(mapped)
-                try:
-                    return _model_io(view)
-                except (_Malformed, IndexError, ValueError):
-                    raise invalid_arg(f"ONNX model '{name}' cannot be parsed: not an ONNX "
-                                      "model (protobuf parsing failed)") from None
-                finally:
-                    view.release()
+                outcome = _parse(mapped)  # returns with no view of the mapping left
     except OSError as exc:
         raise invalid_arg(f"ONNX model '{name}' cannot be read: {exc.strerror}") from None
+    if isinstance(outcome, ShoalError):
+        raise outcome
+    if outcome is None:
+        raise invalid_arg(f"ONNX model '{name}' cannot be parsed: not an ONNX model "
+                          "(protobuf parsing failed)")
+    return outcome
+
+
+def _parse(mapped: mmap.mmap) -> tuple[list[GraphTensor], list[GraphTensor]] | ShoalError | None:
+    """The graph's I/O, the ShoalError to raise, or None when the bytes are not a model. Raises
+    nothing: an exception's traceback would keep views of the mapping alive past its close."""
+    try:
+        return _model_io(memoryview(mapped))
+    except ShoalError as exc:
+        return ShoalError(exc.code, exc.message)
+    except (_Malformed, IndexError, ValueError):
+        return None
 
 
 def _model_io(data: memoryview) -> tuple[list[GraphTensor], list[GraphTensor]]:
