@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from shoal.workers.llm import (
+    CapacitySchedulerPolicy,
     Executor,
     ExecutorConfig,
     KvCacheConfig,
@@ -18,6 +19,7 @@ from shoal.workers.llm import (
     Request,
     Result,
     SamplingConfig,
+    SchedulerConfig,
 )
 from shoal.workers.llm.attention import SequenceSpan, build_attention_batch, paged_attention
 from shoal.workers.llm.kv_cache import BlockManager
@@ -194,3 +196,23 @@ def test_short_pool_evicts_and_outputs_stay_correct(llama_dir: pathlib.Path,
     stats = executor.get_latest_iteration_stats()[-1].kv_cache_stats
     assert stats.reused_blocks >= 14  # the repeat of the last prompt found its blocks
     assert stats.used_num_blocks == 0 and stats.free_num_blocks == 24
+
+
+def test_pauses_under_a_short_pool_with_shared_prefixes_keep_outputs(
+        llama_dir: pathlib.Path, make_executor: MakeExecutor) -> None:
+    # MAX_UTILIZATION pauses requests when blocks run out; the paused ones share their prefix
+    # with running ones (a pause frees only the blocks nobody else holds) and resume from
+    # whatever of their own blocks is still cached
+    executor = make_executor(llama_dir, ExecutorConfig(
+        max_batch_size=8, max_num_tokens=64, enable_chunked_context=True,
+        scheduler_config=SchedulerConfig(CapacitySchedulerPolicy.MAX_UTILIZATION),
+        kv_cache_config=KvCacheConfig(tokens_per_block=BLOCK, num_blocks=48)))
+    system = prompt_of(30, 40)
+    prompts = [system + prompt_of(31 + i, 3) for i in range(5)]
+    results = run(executor, [Request(p, 40) for p in prompts])
+    for prompt, result in zip(prompts, results, strict=True):
+        assert generated(result, prompt) == [hf_greedy(llama_dir, prompt, 40)]
+    stats = executor.get_latest_iteration_stats()
+    assert sum(s.inflight_batching_stats.num_paused_requests for s in stats) > 0
+    assert stats[-1].kv_cache_stats.reused_blocks > 0
+    assert stats[-1].kv_cache_stats.used_num_blocks == 0
