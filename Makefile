@@ -82,6 +82,13 @@ bench-dashboard: setup
 bench-trace: setup
 	$(BIN)/python -m bench.trace_bench $(BENCH_TRACE_ARGS)
 
+# LLM prefix caching and chunked context: TTFT with a shared 1,000-token system prompt (block
+# reuse off vs on, server and in-process) and ITL of running streams while long prompts arrive
+# (chunked context off vs on); writes its section of bench/RESULTS.md.
+.PHONY: bench-llm-prefix
+bench-llm-prefix: setup
+	$(BIN)/python -m bench.llm_prefix_bench --write $(BENCH_LLM_PREFIX_ARGS)
+
 # LLM serving: shoal vs vLLM's CPU build vs `transformers serve --continuous-batching` through the
 # OpenAI API at 1 / 8 / 32 streaming clients, plus shoal's in-process Executor; writes its section
 # of bench/RESULTS.md. The peers live in their own virtualenvs outside the repository
