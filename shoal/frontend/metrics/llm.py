@@ -20,8 +20,8 @@ the name is ``nv_llm_*`` (shoal's, in the same style):
   histograms (ms, as Triton's ``nv_inference_first_response_histogram_ms``; measured in the
   worker when each response leaves for the broker, see ``workers/backends/llm/figures.py``).
 
-The latency buckets are bounds of the worker's µs buckets (``LATENCY_BUCKET_BOUNDS_US``), so
-each cumulative count is exact.
+The writer sorts labels by name (``le`` too). The latency buckets are bounds of the worker's µs
+buckets (``LATENCY_BUCKET_BOUNDS_US``), so each cumulative count is exact.
 """
 
 from __future__ import annotations
@@ -107,17 +107,17 @@ def llm_families(stats: Sequence[ModelStats]) -> Iterator[Metric]:
         family = Metric(name, text, "gauge")
         for model, version, llm in rows:
             for kind, value in series:
-                family.add_sample(name, {"model": model, "version": str(version), label: kind},
-                                  float(value(llm)))
+                labels = {"model": model, "version": str(version), label: kind}
+                family.add_sample(name, dict(sorted(labels.items())), float(value(llm)))
         yield family
     for name, label, kind, counts_of in TOKEN_HISTOGRAMS:
         histogram = HistogramMetricFamily(name, "TRT LLM response metrics",
-                                          labels=("model", "version", label))
+                                          labels=("model", label, "version"))
         for model, version, llm in rows:
             counts = counts_of(llm) or [0] * (len(TOKEN_LEN_BOUNDS) + 1)
             total = llm.prompt_tokens if name == "nv_llm_input_token_len" \
                 else llm.finished_generation_tokens
-            histogram.add_metric((model, str(version), kind),
+            histogram.add_metric((model, kind, str(version)),
                                  _buckets(counts, [float(b) for b in TOKEN_LEN_BOUNDS]),
                                  float(total))
         yield histogram
