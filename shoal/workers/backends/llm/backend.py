@@ -60,6 +60,7 @@ from shoal.workers.backends.llm.logits import (
     want_token_logprobs,
 )
 from shoal.workers.backends.llm.settings import model_parameters, read_settings
+from shoal.workers.backends.llm.threads import configure_threads
 from shoal.workers.llm import Executor, FinishReason, Response, Result
 from shoal.workers.llm.checkpoint import read_model_spec
 
@@ -114,6 +115,7 @@ class LlmBackend:
             raise invalid_arg("llm backend: the worker gave no response sink")
         settings = read_settings(model_parameters(config), ctx.model_dir, ctx.device,
                                  ctx.backend_settings)
+        configure_threads(model_parameters(config), ctx.backend_settings, config, ctx.device)
         guided = guided_decoding_config(model_parameters(config), settings.checkpoint_dir,
                                         read_model_spec(settings.checkpoint_dir).eos_token_id)
         processors = load_logits_post_processors(model_parameters(config), ctx.model_dir)

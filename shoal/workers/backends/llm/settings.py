@@ -22,6 +22,7 @@ parameter                       meaning                                         
 ``dtype``                       ``float32`` / ``float16`` / ``bfloat16``              see Exec.
 ``guided_decoding_backend``     ``xgrammar`` or ``none`` (``guided.py``)              xgrammar
 ``logits_post_processors``      python file of logits post-processors (``logits.py``) none
+``INTRA_OP_THREAD_COUNT``       torch threads of the worker (``threads.py``)         cores - 1
 ``enable_kv_cache_reuse``       reuse KV blocks of identical prompt prefixes          true
 ``enable_chunked_context``      prefill long prompts over several iterations          false
 =============================== ===================================================== =========
@@ -56,6 +57,7 @@ _KNOWN = frozenset({
     "kv_cache_tokens_per_block", "batch_scheduler_policy", "gpt_model_type",
     "exclude_input_in_output", "dtype", "enable_kv_cache_reuse", "enable_chunked_context",
     "guided_decoding_backend",  # read by guided.py (xgrammar | none)
+    "INTRA_OP_THREAD_COUNT",  # read by threads.py (torch intra-op threads)
     "logits_post_processors",  # read by logits.py (a python file in the model's folder)
 })
 _POLICIES = {p.value: p for p in CapacitySchedulerPolicy}
