@@ -16,10 +16,11 @@ LLM_CONFIG = ROOT / "examples" / "llm_repository" / "llm" / "config.pbtxt"
 MODEL_NAME = "llm"
 
 
-def shoal_repository(workdir: pathlib.Path, checkpoint: pathlib.Path,
-                     max_num_sequences: int) -> pathlib.Path:
+def shoal_repository(workdir: pathlib.Path, checkpoint: pathlib.Path, max_num_sequences: int,
+                     threads: int | None = None) -> pathlib.Path:
     """A repository holding the example's ``llm`` model (its config.pbtxt, at most
-    ``max_num_sequences`` per iteration) over a copy of ``checkpoint``."""
+    ``max_num_sequences`` per iteration, ``threads`` torch threads when given, else the llm
+    backend's default) over a copy of ``checkpoint``."""
     model = workdir / "repo" / MODEL_NAME
     (model / "1").mkdir(parents=True)
     shutil.copytree(checkpoint, model / "checkpoint")
@@ -27,15 +28,19 @@ def shoal_repository(workdir: pathlib.Path, checkpoint: pathlib.Path,
     old = 'key: "max_num_sequences" value: { string_value: "32" }'
     if old not in text:
         raise RuntimeError(f"{LLM_CONFIG} no longer sets max_num_sequences as expected")
-    (model / "config.pbtxt").write_text(text.replace(
-        old, f'key: "max_num_sequences" value: {{ string_value: "{max_num_sequences}" }}'))
+    text = text.replace(
+        old, f'key: "max_num_sequences" value: {{ string_value: "{max_num_sequences}" }}')
+    if threads is not None:
+        text += (f'parameters {{ key: "INTRA_OP_THREAD_COUNT" '
+                 f'value: {{ string_value: "{threads}" }} }}\n')
+    (model / "config.pbtxt").write_text(text)
     return workdir / "repo"
 
 
-def start_shoal_llm(workdir: pathlib.Path, checkpoint: pathlib.Path,
-                    max_num_sequences: int) -> Server:
+def start_shoal_llm(workdir: pathlib.Path, checkpoint: pathlib.Path, max_num_sequences: int,
+                    threads: int | None = None) -> Server:
     workdir.mkdir(parents=True, exist_ok=True)
-    repo = shoal_repository(workdir, checkpoint, max_num_sequences)
+    repo = shoal_repository(workdir, checkpoint, max_num_sequences, threads)
     return launch_shoal(repo, workdir, [], MODEL_NAME)
 
 
@@ -66,7 +71,7 @@ def start_vllm(venv: pathlib.Path, workdir: pathlib.Path, checkpoint: pathlib.Pa
                "--model", str(checkpoint), "--served-model-name", MODEL_NAME,
                "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
                "--max-num-seqs", str(max_num_sequences), "--max-model-len", "2048",
-               "--disable-log-requests"]
+               "--no-enable-log-requests"]
     env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}",
            "VLLM_TARGET_DEVICE": "cpu"}
     return _launch("vllm", command, env, workdir, "/v1/models", port, timeout=600)

@@ -156,7 +156,8 @@ def run_system(system: str, args: argparse.Namespace, checkpoint: pathlib.Path,
     if system == "in-process":
         return measure_in_process(checkpoint, clients, per_client, max_tokens, args.seed)
     starters: dict[str, Callable[[], Server]] = {
-        "shoal": lambda: start_shoal_llm(tmp / "shoal", checkpoint, max(clients)),
+        "shoal": lambda: start_shoal_llm(tmp / "shoal", checkpoint, max(clients),
+                                         args.shoal_threads),
         "vllm": lambda: start_vllm(args.peers / "vllm", tmp / "vllm", checkpoint, max(clients),
                                    args.peer_threads),
         "transformers": lambda: start_transformers(args.peers / "hf", tmp / "transformers",
@@ -244,6 +245,8 @@ def main() -> None:
                         help="folder of the peers' virtualenvs (vllm/, hf/)")
     parser.add_argument("--peer-threads", type=int, default=os.cpu_count() or 1,
                         help="OpenMP threads of vLLM and transformers serve")
+    parser.add_argument("--shoal-threads", type=int, default=None,
+                        help="torch threads of shoal's llm worker (default: the backend's)")
     parser.add_argument("--no-write", action="store_true",
                         help="print the section instead of writing bench/RESULTS.md")
     parser.add_argument("--note", action="append", default=[],
