@@ -31,6 +31,17 @@ from tests.e2e.test_llm_serving import (  # noqa: F401  (module fixtures, shared
     tokenizer,
 )
 
+# the module's server loads torch and a checkpoint: under a busy machine's load its start and
+# the first test's setup take longer than the suite's defaults
+pytestmark = pytest.mark.timeout(300)
+START_TIMEOUT_S = 180.0
+
+
+class _PatientServer(ShoalServer):
+    def start(self, wait_ready: bool = True, timeout: float = START_TIMEOUT_S) -> ShoalServer:
+        return super().start(wait_ready, timeout)
+
+
 PROCESSORS = """
 import json
 import pathlib
@@ -68,7 +79,7 @@ def logits_server(llm_repo: pathlib.Path,  # noqa: F811
     (model / "config.pbtxt").write_text(
         config + 'parameters { key: "logits_post_processors" '
                  'value: { string_value: "processors.py" } }\n')
-    with serving(ShoalServer([str(llm_repo)])) as srv:
+    with serving(_PatientServer([str(llm_repo)])) as srv:
         yield srv
 
 
@@ -224,7 +235,7 @@ def test_completion_logprobs_shape(client: openai.OpenAI) -> None:
 
 def test_penalties_change_the_output(client: openai.OpenAI) -> None:
     def text(presence: float = 0.0, frequency: float = 0.0) -> str:
-        r = client.completions.create(model="llm", prompt=PROMPTS[5], max_tokens=24,
+        r = client.completions.create(model="llm", prompt=PROMPTS[0], max_tokens=24,
                                       temperature=0, presence_penalty=presence,
                                       frequency_penalty=frequency)
         return str(r.choices[0].text)
