@@ -294,3 +294,10 @@ def test_bitmask_unpacks_to_token_order() -> None:
                 for r in range(3)]
     assert allowed.tolist() == expected
     assert GuidedDecoder._allowed(bitmask, 130)[:, 128:].tolist() == [[False, False]] * 3
+
+
+def test_a_tokenizer_larger_than_the_model_is_cut_to_the_model(tokenizer: Any) -> None:
+    config = GuidedDecodingConfig.from_tokenizer(tokenizer, [EOS_ID])
+    assert config.encoded_vocab is not None and len(config.encoded_vocab) == 400
+    decoder = GuidedDecoder(config, 390)  # ten tokenizer ids the model does not have
+    decoder.grammars.get(guided(GuideType.REGEX, "[a-z]+"))

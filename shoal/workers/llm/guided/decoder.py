@@ -197,9 +197,10 @@ def tokenizer_info(config: GuidedDecodingConfig, vocab_size: int) -> xgrammar.To
     vocab = list(config.encoded_vocab or [])
     if not vocab:
         raise ValueError("GuidedDecodingConfig.encoded_vocab is required")
-    if len(vocab) > vocab_size:
-        raise ValueError(f"GuidedDecodingConfig.encoded_vocab has {len(vocab)} tokens, more "
-                         f"than the model's vocabulary ({vocab_size})")
+    if len(vocab) > vocab_size:  # tokens the model cannot produce: left out of every grammar
+        logger.warning("guided decoding: the tokenizer has %d tokens, the model %d; the ids "
+                       "past the model's are ignored", len(vocab), vocab_size)
+        vocab = vocab[:vocab_size]
     vocab_type, add_prefix_space = xgrammar.VocabType.RAW, False
     if config.tokenizer_str:
         try:
