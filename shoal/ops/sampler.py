@@ -27,13 +27,15 @@ import msgspec
 import psutil  # type: ignore[import-untyped]
 
 from shoal.errors import ShoalError
-from shoal.messages import ModelStats
+from shoal.messages import DeviceMemory, ModelStats, StatsReply
 from shoal.ops.llm_figures import LlmFigures
 from shoal.ops.model_figures import ModelFigures
 from shoal.ops.processes import ProcessTable
 from shoal.ops.schema import (
     SCHEMA_VERSION,
     ClientRegionStats,
+    DeviceHolderStats,
+    DeviceMemoryStats,
     HistoryDocument,
     ModelSeries,
     ModelVersionStats,
@@ -139,7 +141,8 @@ class Sampler:
         """Take one sample, publish it and return it."""
         started = time.perf_counter()
         errors: list[str] = []
-        stats = await self._model_stats(errors)
+        reply = await self._stats_reply(errors)
+        stats: Sequence[ModelStats] = reply.models if reply is not None else ()
         cpu_started = time.thread_time()  # the work below holds the loop: its cost
         now = time.time()
         processes = self.processes.sample(now)
@@ -155,23 +158,23 @@ class Sampler:
                               exiting=self.dataplane.is_exiting()),
             processes=processes, models=models, shared_memory=shared,
             llm=self.llm.update(now, stats),
-            errors=errors)
+            errors=errors, devices=_devices(reply.devices if reply is not None else ()))
         document.sample_cpu_ms = round((time.thread_time() - cpu_started) * 1e3, 2)
         document.sample_ms = round((time.perf_counter() - started) * 1e3, 2)
         self._publish(document)
         return document
 
-    async def _model_stats(self, errors: list[str]) -> Sequence[ModelStats]:
+    async def _stats_reply(self, errors: list[str]) -> StatsReply | None:
         try:
             reply = await asyncio.wait_for(self.dataplane.stats("", -1), STATS_TIMEOUT_S)
         except (ShoalError, TimeoutError) as exc:
             message = exc.message if isinstance(exc, ShoalError) else "no answer in time"
             errors.append(f"model statistics unavailable: {message}")
-            return ()
+            return None
         if reply.error is not None:
             errors.append(f"model statistics unavailable: {reply.error.message}")
-            return ()
-        return reply.models
+            return None
+        return reply
 
     def _shared_memory(self, processes: list[ProcessStats]) -> SharedMemoryStats:
         frontends: dict[int, Owner] = {}
@@ -297,6 +300,14 @@ def _offer(queue: asyncio.Queue[bytes | None], item: bytes | None) -> None:
             if dropped is None:
                 item = None
     queue.put_nowait(item)
+
+
+def _devices(devices: Sequence[DeviceMemory]) -> list[DeviceMemoryStats]:
+    return [DeviceMemoryStats(
+        device=d.device, capacity_bytes=d.capacity if d.capacity >= 0 else None,
+        limit_bytes=d.limit if d.limit >= 0 else None, reserved_bytes=d.reserved,
+        holders=[DeviceHolderStats(model=h.model, part=h.part, bytes=h.nbytes)
+                 for h in d.holders]) for d in devices]
 
 
 def _fill_worker_restarts(processes: list[ProcessStats], models: list[ModelVersionStats]

@@ -141,6 +141,23 @@ class LlmStats(msgspec.Struct, kw_only=True):
     weights_bytes: int = 0
 
 
+class DeviceHolderStats(msgspec.Struct, kw_only=True):
+    model: str
+    part: str  # weights | kv_pool (llm backend) | workspace | margin | model (undivided)
+    bytes: int
+
+
+class DeviceMemoryStats(msgspec.Struct, kw_only=True):
+    """One GPU in the broker's device-memory ledger: what loads reserve on it (admission
+    estimates, README "Model control"), not a reading of the device."""
+
+    device: int
+    capacity_bytes: int | None  # null: unknown size (admission unchecked)
+    limit_bytes: int | None  # the share loads may reserve (--model-load-device-limit)
+    reserved_bytes: int
+    holders: list[DeviceHolderStats]
+
+
 class ServerInfo(msgspec.Struct, kw_only=True):
     instance_id: str
     sampler_pid: int  # frontend 0: it samples and serves this document
@@ -161,6 +178,7 @@ class StatsDocument(msgspec.Struct, kw_only=True):
     shared_memory: SharedMemoryStats
     llm: list[LlmStats]
     errors: list[str]  # figures that could not be collected in this sample, and why
+    devices: list[DeviceMemoryStats] = []  # the device-memory ledger, per visible GPU
 
 
 class ProcessSeries(msgspec.Struct, kw_only=True):

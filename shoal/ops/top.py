@@ -224,6 +224,11 @@ def _memory_lines(document: StatsDocument) -> Iterable[RenderableType]:
                f"{len(shm.client_regions)} client region(s)"
                + "".join(f"; {r.name} ({r.kind}{' ' + r.key if r.key else ''}) "
                          f"{human_bytes(r.byte_size)}" for r in shm.client_regions[:4]))
+    for device in document.devices:
+        limit = human_bytes(device.limit_bytes) if device.limit_bytes is not None else "unknown"
+        held = ", ".join(f"{h.model} {h.part} {human_bytes(h.bytes)}" for h in device.holders)
+        yield Text(f"GPU {device.device} ledger: {human_bytes(device.reserved_bytes)} reserved "
+                   f"of {limit}" + (f" ({held})" if held else ""))
     if document.llm:
         table = Table(title="LLM", title_justify="left", pad_edge=False)
         for name in ("model", "ver", "active", "queued", "KV used", "KV free", "reused",

@@ -5,7 +5,7 @@ time-to-first-token histogram one observation per request and the inter-token hi
 generated token after the first; the statistics document carries the same figures
 (``shoal_llm``); a cancelled stream's KV blocks and its active request go back to zero. On a
 (test-only, fake) GPU the device-memory ledger holds the model's KV pool, exactly the bytes the
-executor allocated, and its weights, from load to unload."""
+executor allocated, and its weights, from load to unload (``/metrics`` and the dashboard)."""
 
 from __future__ import annotations
 
@@ -219,6 +219,13 @@ def test_the_device_ledger_holds_the_kv_pool_and_weights_from_load_to_unload(
             "*.safetensors"))
         assert held["weights"] == weights > 0 and held["margin"] == 0
         assert samples[("shoal_device_memory_capacity_bytes", (("device", "0"),))] == 2 << 30
+        dashboard = wait_for("the ledger on the dashboard", lambda: httpx.get(
+            f"http://127.0.0.1:{srv.metrics_port}/dashboard/api/stats", timeout=10).json(),
+            lambda d: bool(d["devices"]))
+        (gpu,) = dashboard["devices"]
+        assert {"model": "llm", "part": "kv_pool", "bytes": memory["kv_pool_bytes"]} \
+            in gpu["holders"]
+        assert gpu["capacity_bytes"] == 2 << 30 and gpu["reserved_bytes"] >= held["kv_pool"]
 
         r = httpx.post(f"{srv.base}/v2/repository/models/llm/unload", timeout=30)
         assert r.status_code == 200, r.text

@@ -19,6 +19,8 @@ import pytest
 from shoal.errors import ErrorCode, ShoalError
 from shoal.frontend.shm_registry import CudaRegionStatus, RegionStatus
 from shoal.messages import (
+    DeviceMemory,
+    DeviceMemoryHolder,
     Duration,
     ModelStats,
     ModelVersionInfo,
@@ -80,7 +82,10 @@ class StubDataPlane:
         zero = Duration(0, 0)
         stats = ModelStats("m", 1, 0, self.served, self.served, Duration(self.served, 0), zero,
                            zero, zero, zero, zero, [], pending=3, in_flight=1)
-        return StatsReply(1, [stats])
+        ledger = [DeviceMemory(0, 4 << 30, 2 << 30, 3000, [
+            DeviceMemoryHolder("llm", "kv_pool", 2000),
+            DeviceMemoryHolder("llm", "weights", 1000)])]
+        return StatsReply(1, [stats], devices=ledger)
 
 
 def make_sampler(tmp_path: pathlib.Path, dataplane: StubDataPlane) -> Sampler:
@@ -103,6 +108,11 @@ async def test_a_sample_is_a_complete_document(tmp_path: pathlib.Path) -> None:
     assert document.shared_memory.total_bytes == 8192
     assert [r.name for r in document.shared_memory.client_regions] == ["gpu_out", "input_data"]
     assert document.llm == [] and document.errors == []
+    (gpu,) = document.devices  # the broker's device-memory ledger
+    assert (gpu.device, gpu.capacity_bytes, gpu.limit_bytes, gpu.reserved_bytes) == (
+        0, 4 << 30, 2 << 30, 3000)
+    assert [(h.model, h.part, h.bytes) for h in gpu.holders] == [
+        ("llm", "kv_pool", 2000), ("llm", "weights", 1000)]
     raw = orjson.loads(sampler.latest_json)  # the JSON names the README documents
     assert {"role", "pid", "cpu_percent", "rss_bytes"} <= raw["processes"][0].keys()
     assert {"name", "version", "state", "queue_depth", "in_flight"} <= raw["models"][0].keys()

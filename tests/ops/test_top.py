@@ -17,6 +17,8 @@ from shoal.ops.schema import (
     SCHEMA_VERSION,
     BatchSizeCount,
     ClientRegionStats,
+    DeviceHolderStats,
+    DeviceMemoryStats,
     HistoryDocument,
     LatencySummary,
     LlmStats,
@@ -197,3 +199,14 @@ def test_an_unreachable_server() -> None:
     port = free_port()
     with pytest.raises(TopError, match=f"cannot reach http://127.0.0.1:{port}"):
         DashboardClient(f"http://127.0.0.1:{port}", [], 5).stats()
+
+
+def test_the_device_ledger_lines_appear_with_devices() -> None:
+    doc = document()
+    doc.devices = [DeviceMemoryStats(device=0, capacity_bytes=4 << 30, limit_bytes=2 << 30,
+                                     reserved_bytes=3 << 20, holders=[
+                                         DeviceHolderStats(model="llm", part="kv_pool",
+                                                           bytes=2 << 20)])]
+    text = text_of(render(doc, Trends(), "u"))
+    assert "GPU 0 ledger: 3.0 MiB reserved of 2.0 GiB (llm kv_pool 2.0 MiB)" in text
+    assert "ledger" not in text_of(render(document(), Trends(), "u"))

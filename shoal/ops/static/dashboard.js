@@ -285,6 +285,21 @@ function renderLlm(doc) {
     ms(m.itl_p50_us) + " / " + ms(m.itl_p99_us)])), "", 11);
 }
 
+function renderDevices(doc) {
+  const devices = doc.devices || [];
+  document.getElementById("devices-panel").hidden = !devices.length;
+  if (!devices.length) return;
+  const rows = [];
+  for (const d of devices) {
+    const total = bytes(d.reserved_bytes) + " / " + bytes(d.limit_bytes);
+    const holders = d.holders.length ? d.holders : [{ model: "–", part: "–", bytes: 0 }];
+    for (const h of holders) rows.push(row([
+      String(d.device), { text: h.model, attrs: { class: "l" } },
+      { text: h.part, attrs: { class: "l" } }, bytes(h.bytes), total]));
+  }
+  fill("devices", rows, "", 5);
+}
+
 function render(doc) {
   document.getElementById("instance").textContent =
     `instance ${doc.server.instance_id} · ${doc.server.ready ? "ready" : "not ready"}` +
@@ -296,6 +311,7 @@ function render(doc) {
   renderProcesses(doc);
   renderSharedMemory(doc);
   renderLlm(doc);
+  renderDevices(doc);
   renderPlots();
 }
 
