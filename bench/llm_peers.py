@@ -74,7 +74,8 @@ def start_vllm(venv: pathlib.Path, workdir: pathlib.Path, checkpoint: pathlib.Pa
                "--no-enable-log-requests"]
     env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}",
            "VLLM_TARGET_DEVICE": "cpu"}
-    return _launch("vllm", command, env, workdir, "/v1/models", port, timeout=600)
+    # its first start compiles the model (torch.compile, C++): minutes on 2 cores
+    return _launch("vllm", command, env, workdir, "/v1/models", port, timeout=1200)
 
 
 def start_transformers(venv: pathlib.Path, workdir: pathlib.Path, checkpoint: pathlib.Path,

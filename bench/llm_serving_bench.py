@@ -188,8 +188,10 @@ def report(rows: list[Row], args: argparse.Namespace, notes: list[str]) -> str:
              "Command (from the repository root): `make bench-llm` (= `.venv/bin/python -m "
              "bench.llm_serving_bench`); peers from `bash bench/llm_peers_install.sh`.", "",
              f"Machine: {os.cpu_count()} cores, {cpu_model()}; torch {torch.__version__}, "
-             f"Python {platform.python_version()}. Peers' OpenMP threads: {args.peer_threads}; "
-             "shoal's llm worker and the in-process Executor at their default thread count.",
+             f"Python {platform.python_version()}. Torch / OpenMP threads: vLLM and "
+             f"transformers {args.peer_threads}; shoal's llm worker "
+             f"{args.shoal_threads or 'the backend default (CPUs - 1)'}; in-process Executor "
+             f"{torch.get_num_threads()} (torch's default).",
              "",
              "Model: tiny random Llama (4 layers, hidden 256, SwiGLU 688, 8 / 4 heads, vocabulary "
              "2,048 word-level tokens, float32), the `</s>` row of lm_head zeroed so no request "
