@@ -30,11 +30,12 @@ for the heartbeat) call in; one lock guards the values.
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+import msgspec
 
 from shoal.messages import LATENCY_BUCKET_BOUNDS_US, TOKEN_LEN_BOUNDS, LlmStats
 from shoal.workers.llm import FinishReason, Request, Result
@@ -99,8 +100,9 @@ def _observe(counts: list[int], bounds: tuple[int, ...], value: float, times: in
 
 
 def model_bytes(model: object) -> int:
-    """Bytes of the torch tensors reachable from ``model``'s attributes (lists, tuples, dicts
-    and dataclasses followed; a storage shared by two tensors counted once)."""
+    """Bytes of the torch tensors reachable from ``model``'s attributes: its weights and
+    tables (rotary). Lists, tuples, dicts and objects of shoal's own classes are followed,
+    nothing else; a storage shared by two tensors (tied embeddings) counts once."""
     import torch
 
     seen: set[tuple[int, int]] = set()
@@ -122,7 +124,7 @@ def model_bytes(model: object) -> int:
             stack.extend(item)
         elif isinstance(item, dict):
             stack.extend(item.values())
-        elif dataclasses.is_dataclass(item) or hasattr(item, "__dict__"):
+        elif type(item).__module__.startswith("shoal.") and hasattr(item, "__dict__"):
             stack.extend(vars(item).values())
     return total
 
@@ -241,6 +243,4 @@ class LlmFigures:
 
 
 def _replace(stats: LlmStats, changes: dict[str, int], **more: Any) -> LlmStats:
-    import msgspec
-
     return msgspec.structs.replace(stats, **changes, **more)
