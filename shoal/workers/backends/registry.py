@@ -8,7 +8,8 @@
    ``<backend_directory>/<name>/model.py`` (a ``TritonPythonModel`` run by the python backend)
 4. an installed entry point in group ``shoal.backends`` whose name is the backend name
 5. the built-ins: ``python``, ``pytorch`` (alias ``pytorch_libtorch``), ``onnxruntime`` (alias
-   ``onnxruntime_onnx``; needs the ``onnx`` extra) and ``llm``
+   ``onnxruntime_onnx``; needs the ``onnx`` extra), ``fil`` (tree models; needs the ``trees``
+   extra) and ``llm``
 
 An out-of-tree module (1-3) must define ``ShoalBackend``, and an entry point must point at, a class
 implementing ``shoal.workers.backends.base.Backend`` that takes no constructor arguments (the
@@ -36,7 +37,7 @@ logger = logging.getLogger(__name__)
 ENTRY_POINT_GROUP = "shoal.backends"
 MODULE_PREFIX = "shoal_backend_"
 BACKEND_CLASS = "ShoalBackend"
-BUILTIN_BACKENDS = ("python", "pytorch", "onnxruntime", "llm")
+BUILTIN_BACKENDS = ("python", "pytorch", "onnxruntime", "fil", "llm")
 _ALIASES = {"pytorch_libtorch": "pytorch", "onnxruntime_onnx": "onnxruntime"}
 _NAME = re.compile(r"[A-Za-z0-9_.\-]+")
 _import_counter = itertools.count()
@@ -113,6 +114,10 @@ def _builtin(name: str) -> Callable[[], Backend] | None:
         from shoal.workers.backends.onnxruntime.backend import OnnxruntimeBackend
 
         return OnnxruntimeBackend
+    if name == "fil":  # imports xgboost / lightgbm / treelite only at load
+        from shoal.workers.backends.fil.backend import FilBackend
+
+        return FilBackend
     if name == "llm":
         from shoal.workers.backends.llm.backend import LlmBackend
 
