@@ -88,13 +88,23 @@ def check_lengths(traces: list[Trace], max_tokens: int, system: str) -> None:
 
 
 def measure_server(server: Server, load: ChatLoad, clients: list[int], per_client: int,
-                   seed: int) -> list[Row]:
+                   seed: int, cell_seconds: float, notes: list[str]) -> list[Row]:
+    """Rows of ``server`` at each client count; a count whose requests take longer than
+    ``cell_seconds`` ends the server's measurement with a note (a peer too slow to finish)."""
     warm = client_prompts(2, 2, seed - 1)  # warm-up (first-call compilation, caches)
     asyncio.run(run_clients(server.port, load, warm))
     rows = []
     for count in clients:
-        traces = asyncio.run(run_clients(server.port, load,
-                                         client_prompts(count, per_client, seed + count)))
+        plans = client_prompts(count, per_client, seed + count)
+        try:
+            traces = asyncio.run(asyncio.wait_for(run_clients(server.port, load, plans),
+                                                  cell_seconds))
+        except TimeoutError:
+            notes.append(f"{server.name}: {count} clients did not finish their "
+                         f"{count * per_client} requests within {cell_seconds:g} s; "
+                         "larger counts not measured")
+            print(notes[-1], flush=True)
+            break
         check_lengths(traces, load.max_tokens, server.name)
         rows.append(Row(server.name, count, summarize(traces)))
         print(f"{server.name} c={count}: {rows[-1].result}", flush=True)
@@ -176,7 +186,7 @@ def run_system(system: str, args: argparse.Namespace, checkpoint: pathlib.Path,
     print(f"{system} ready in {time.perf_counter() - started:.0f} s", flush=True)
     try:
         return measure_server(server, ChatLoad(model, max_tokens, extra), clients, per_client,
-                              args.seed)
+                              args.seed, args.cell_seconds, notes)
     finally:
         server.stop()
 
@@ -247,6 +257,8 @@ def main() -> None:
                         help="folder of the peers' virtualenvs (vllm/, hf/)")
     parser.add_argument("--peer-threads", type=int, default=os.cpu_count() or 1,
                         help="OpenMP threads of vLLM and transformers serve")
+    parser.add_argument("--cell-seconds", type=float, default=300.0,
+                        help="longest a server may take for one client count")
     parser.add_argument("--shoal-threads", type=int, default=None,
                         help="torch threads of shoal's llm worker (default: the backend's)")
     parser.add_argument("--no-write", action="store_true",
