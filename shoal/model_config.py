@@ -39,6 +39,7 @@ SEQUENCE_IDLE_DEFAULT_MICROSECONDS: Final = 1_000_000
 # Triton's platform <-> backend pairs (core constants.h, GetBackendTypeFromPlatform).
 _BACKEND_OF_PLATFORM: Final = {
     "pytorch_libtorch": "pytorch",
+    "torch_aoti": "pytorch",  # a PyTorch 2 model.pt2 (AOTInductor package or exported program)
     "onnxruntime_onnx": "onnxruntime",
     "tensorrt_plan": "tensorrt",
     "tensorflow_savedmodel": "tensorflow",
@@ -51,7 +52,11 @@ _PLATFORM_OF_BACKEND: Final = {
 _DEFAULT_MODEL_FILENAME: Final = {
     "python": "model.py", "pytorch": "model.pt", "onnxruntime": "model.onnx",
     "tensorrt": "model.plan", "openvino": "model.xml",
+}
+# Platforms whose default model file is not their backend's (keyed by platform).
+_PLATFORM_MODEL_FILENAME: Final = {
     "tensorflow_savedmodel": "model.savedmodel", "tensorflow_graphdef": "model.graphdef",
+    "torch_aoti": "model.pt2",
 }
 # Backends whose CPU instance groups default to count 2 (core SetDefaultInstanceCount).
 _TWO_CPU_INSTANCE_BACKENDS: Final = frozenset({"tensorflow", "onnxruntime"})
@@ -293,8 +298,9 @@ def _complete_identity(config: ModelConfig, model_name: str, source: str) -> Non
     if not config.platform:
         config.platform = _PLATFORM_OF_BACKEND.get(config.backend, "")
     if not config.default_model_filename:
-        key = config.backend if config.backend != "tensorflow" else config.platform
-        config.default_model_filename = _DEFAULT_MODEL_FILENAME.get(key, "")
+        key = config.platform if config.platform in _PLATFORM_MODEL_FILENAME else config.backend
+        config.default_model_filename = (_PLATFORM_MODEL_FILENAME.get(key)
+                                         or _DEFAULT_MODEL_FILENAME.get(key, ""))
     if config.platform == ENSEMBLE_PLATFORM:
         if config.backend:
             raise _error(source, "backend", "must be empty for an ensemble (platform 'ensemble')")

@@ -32,6 +32,7 @@ _BACKEND_BY_MODEL_FILE: Final = (
     ("model.plan", "tensorrt"),
     ("model.onnx", "onnxruntime"),
     ("model.pt", "pytorch"),
+    ("model.pt2", "pytorch"),  # the backend loads model.pt2 when model.pt is absent
     ("model.py", "python"),
 )
 
@@ -204,7 +205,8 @@ def _infer_backend(config: ModelConfig, model_dir: str, versions: Sequence[int],
         raise invalid_arg(
             f"{config_source}: backend: cannot determine the backend of model '{model_name}': "
             f"set it in {config_source} (e.g. backend: \"python\"), or provide "
-            f"<version>/model.py, <version>/model.pt or <version>/model.onnx")
+            f"<version>/model.py, <version>/model.pt, <version>/model.pt2 or "
+            f"<version>/model.onnx")
 
 
 def _is_model_file(path: str, backend: str) -> bool:

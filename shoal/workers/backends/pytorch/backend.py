@@ -1,11 +1,16 @@
-"""The ``pytorch`` backend (Triton platform ``pytorch_libtorch``): a TorchScript model file.
+"""The ``pytorch`` backend (Triton platforms ``pytorch_libtorch`` and ``torch_aoti``): a
+TorchScript file, a PyTorch 2 exported program or an AOTInductor package (``program.py``).
 
-Load: ``torch.jit.load(<version_dir>/<default_model_filename or model.pt>, map_location=device)``.
-Inputs reach ``forward()`` by Triton's pytorch_backend rules: when every config input name is a
+Load: ``<version_dir>/<default_model_filename>``; when that is the default ``model.pt`` and
+absent, ``model.pt2``. The file's content picks the loader (``program.load_program``).
+Inputs reach ``forward()`` by Triton's pytorch_backend rules: when every input name is a
 ``forward()`` argument name, by name; else when every name is ``<name>__<index>``, by index; else in
 config order. A ``forward(self, inputs: Dict[str, Tensor])`` gets a dict keyed by input name.
 Outputs are matched by ``<name>__<index>`` when every output name has that form, else by config
-order. BYTES inputs are passed as ``List[str]``; ``List[str]`` outputs become BYTES.
+order. BYTES inputs are passed as ``List[str]``; ``List[str]`` outputs become BYTES. Sequence
+models also get their control and implicit-state inputs and return their state outputs
+(``sequence_io``: the tensors, their order and the naming rule). An exported program of a
+batching model must have a dynamic dim 0 on every batched input (checked at load).
 
 Batching: when ``max_batch_size > 0`` each input is concatenated along dim 0 across the requests
 of a batch (zero-copy on CPU when the request slices are adjacent in shared memory, else one copy
@@ -26,7 +31,6 @@ mask; a ``batch_output`` target is cut per request by the shape of its source in
 Settings: config parameters ``INTRA_OP_THREAD_COUNT`` / ``INTER_OP_THREAD_COUNT`` /
 ``INFERENCE_MODE`` / ``DISABLE_OPTIMIZED_EXECUTION`` (as in Triton), backend settings
 ``intra-op-thread-count``, ``inter-op-thread-count`` and ``workspace-bytes``.
-Not supported (refused at load): sequence-batching implicit ``state``.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shoal.dtypes import torch_dtype, wire_to_config
-from shoal.errors import ErrorCode, ShoalError, invalid_arg, unsupported
+from shoal.errors import ErrorCode, ShoalError, invalid_arg
 from shoal.messages import Error
 from shoal.workers.backends import torch_device
 from shoal.workers.backends.base import (
@@ -49,10 +53,18 @@ from shoal.workers.backends.base import (
     InstanceContext,
     OutputTensor,
 )
+from shoal.workers.backends.pytorch.program import (
+    PT2_FILENAME,
+    TORCHSCRIPT_FILENAME,
+    LoadedProgram,
+    file_format,
+    load_program,
+    static_batch_inputs,
+)
+from shoal.workers.backends.pytorch.sequence_io import sequence_tensors
 from shoal.workers.backends.torchscript_io import (
     IoSpec,
     flatten_outputs,
-    forward_arguments,
     input_positions,
     io_spec,
     output_positions,
@@ -66,7 +78,6 @@ from shoal.workers.workspace import WorkspacePool, pytorch_workspace_bytes
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MODEL_FILENAME = "model.pt"
 Array = npt.NDArray[Any]
 
 
@@ -77,7 +88,8 @@ class PytorchBackend:
         self._name = ""
         self._max_batch = 0
         self._inputs: list[IoSpec] = []
-        self._outputs: list[IoSpec] = []
+        self._outputs: list[IoSpec] = []  # config outputs, then state outputs (sequence_io)
+        self._sequence_inputs: list[IoSpec] = []  # control and state inputs (sequence_io)
         self._ragged = RaggedConfig()
         self._input_names: list[str] = []  # config inputs, then generated (ragged) inputs
         self._input_pos: dict[str, int] = {}
@@ -97,13 +109,16 @@ class PytorchBackend:
         self._name = ctx.instance_name
         self._max_batch = int(config.max_batch_size)
         self._inputs = [io_spec(io) for io in config.input]
-        self._outputs = [io_spec(io) for io in config.output]
         _check_supported(config, ctx.model_name)
+        sequence = sequence_tensors(config)
+        self._sequence_inputs = sequence.inputs
+        self._outputs = [io_spec(io) for io in config.output] + sequence.state_outputs
         self._ragged = RaggedConfig.from_model_config(config, ctx.model_name)
-        self._input_names = [spec.name for spec in self._inputs] + self._ragged.extra_input_names
+        self._input_names = ([spec.name for spec in self._inputs + self._sequence_inputs]
+                             + self._ragged.extra_input_names)
         params = {key: value.string_value for key, value in config.parameters.items()}
         _configure_torch(torch, params, ctx.backend_settings)
-        filename = config.default_model_filename or DEFAULT_MODEL_FILENAME
+        filename = _model_filename(ctx.version_dir, config.default_model_filename)
         path = os.path.join(ctx.version_dir, filename)
         if not os.path.isfile(path):
             raise invalid_arg(f"model '{ctx.model_name}' version {ctx.model_version}: model "
@@ -111,15 +126,16 @@ class PytorchBackend:
         self._device = torch.device(ctx.device)
         self._device_inputs = torch_device.device_input_names(
             self._device, [(s.name, s.datatype) for s in self._inputs], self._ragged.ragged_inputs)
-        load_torchscript: Any = torch.jit.load
         try:
-            module = load_torchscript(path, map_location=self._device)
+            program = load_program(torch, path, self._device)
+        except ShoalError as exc:
+            raise invalid_arg(f"model '{ctx.model_name}': {exc.message}") from None
         except Exception as exc:
-            raise invalid_arg(f"model '{ctx.model_name}': cannot load TorchScript file "
+            raise invalid_arg(f"model '{ctx.model_name}': cannot load {file_format(path).value} "
                               f"'{filename}': {_last_line(exc)}") from None
-        module.eval()
-        self._module = module
-        self._map_inputs(ctx.model_name, forward_arguments(module))
+        self._module = program.module
+        self._map_inputs(ctx.model_name, (program.arg_names, program.dict_input))
+        self._check_batch_dims(ctx.model_name, program)
         self._output_pos = output_positions([spec.name for spec in self._outputs])
         self._torch_dtypes = {spec.name: torch_dtype(spec.datatype) for spec in self._outputs
                               if spec.datatype != "BYTES"}
@@ -162,6 +178,8 @@ class PytorchBackend:
         self._dict_input = is_dict
         if is_dict:
             return
+        if not names:  # an AOTInductor package records no argument names
+            names = [f"arg{i}" for i in range(len(self._input_names))]
         if len(names) != len(self._input_names):
             raise invalid_arg(f"unable to load model '{model_name}', configuration expects "
                               f"{len(self._input_names)} inputs, model provides {len(names)}")
@@ -169,6 +187,22 @@ class PytorchBackend:
         if sorted(self._input_pos.values()) != list(range(len(names))):
             raise invalid_arg(f"model '{model_name}': input names {sorted(self._input_pos)} do "
                               f"not map one-to-one onto the {len(names)} forward() arguments")
+
+    def _check_batch_dims(self, model_name: str, program: LoadedProgram) -> None:
+        """A batching model's exported program must take any batch size: refuse one whose
+        batched inputs were exported with a fixed dim 0 (no ``dynamic_shapes`` for it)."""
+        if self._max_batch <= 0 or self._dict_input:
+            return
+        arg_names = program.arg_names
+        batched = [arg_names[self._input_pos[spec.name]]
+                   for spec in self._inputs + self._sequence_inputs
+                   if spec.name not in self._ragged.ragged_inputs]
+        fixed = static_batch_inputs(program, batched)
+        if fixed:
+            raise invalid_arg(
+                f"model '{model_name}': max_batch_size is {self._max_batch} but the exported "
+                f"program fixes dim 0 of input(s) {fixed}; export it with dynamic_shapes "
+                "marking dim 0 as a torch.export.Dim (or set max_batch_size: 0)")
 
     def _workspace_bytes(self, ctx: InstanceContext) -> int:
         return pytorch_workspace_bytes(ctx.config, ctx.backend_settings,
@@ -205,7 +239,7 @@ class PytorchBackend:
             raise ShoalError(ErrorCode.INTERNAL, f"batch size {total} for '{self._name}', max "
                                                  f"allowed is {self._max_batch}")
         values = [self._input_value(spec, [r.inputs[spec.name] for r in batch], total)
-                  for spec in self._inputs]
+                  for spec in self._inputs + self._sequence_inputs]
         source_shapes: list[dict[str, tuple[int, ...]]] = []
         if self._ragged.active:
             source_shapes = [{name: tuple(a.shape) for name, a in r.inputs.items()}
@@ -326,6 +360,17 @@ class PytorchBackend:
         return copy_if_aliases(host_array(value), sources)
 
 
+def _model_filename(version_dir: str, configured: str) -> str:
+    """``default_model_filename``; when that is the TorchScript default (or unset) and absent,
+    ``model.pt2`` if the version holds one (a PyTorch 2 program)."""
+    filename = configured or TORCHSCRIPT_FILENAME
+    absent = not os.path.exists(os.path.join(version_dir, filename))
+    if filename == TORCHSCRIPT_FILENAME and absent \
+            and os.path.isfile(os.path.join(version_dir, PT2_FILENAME)):
+        return PT2_FILENAME
+    return filename
+
+
 def _check_supported(config: Any, model_name: str) -> None:
     if not config.input:
         raise invalid_arg(f"model '{model_name}': model configuration must contain at least one "
@@ -333,9 +378,6 @@ def _check_supported(config: Any, model_name: str) -> None:
     if not config.output:
         raise invalid_arg(f"model '{model_name}': model configuration must contain at least one "
                           "output, none were specified.")
-    if config.HasField("sequence_batching") and config.sequence_batching.state:
-        raise unsupported(f"model '{model_name}': sequence batching with implicit state is not "
-                          "supported by the pytorch backend yet")
 
 
 def _configure_torch(torch: Any, params: dict[str, str], settings: dict[str, str]) -> None:
