@@ -142,7 +142,8 @@ def test_sequence_tensors_follow_config_then_state_order(tmp_path: pathlib.Path)
 def test_torchscript_state_is_an_extra_input_and_output(tmp_path: pathlib.Path) -> None:
     model_dir = tmp_path / "acc"
     (model_dir / "1").mkdir(parents=True)
-    torch.jit.script(Accumulate()).save(str(model_dir / "1" / "model.pt"))
+    scripted: Any = torch.jit.script(Accumulate())
+    scripted.save(str(model_dir / "1" / "model.pt"))
     backend = PytorchBackend()
     backend.load(make_context(model_dir, STATE_CONFIG))
     requests = [make_request(i, {"INPUT__0": np.array([[v]], np.int64),
