@@ -92,7 +92,13 @@ def measure_server(server: Server, load: ChatLoad, clients: list[int], per_clien
     """Rows of ``server`` at each client count; a count whose requests take longer than
     ``cell_seconds`` ends the server's measurement with a note (a peer too slow to finish)."""
     warm = client_prompts(2, 2, seed - 1)  # warm-up (first-call compilation, caches)
-    asyncio.run(run_clients(server.port, load, warm))
+    try:
+        asyncio.run(asyncio.wait_for(run_clients(server.port, load, warm), cell_seconds))
+    except TimeoutError:
+        notes.append(f"{server.name}: the warm-up (2 clients x 2 requests) did not finish "
+                     f"within {cell_seconds:g} s; not measured")
+        print(notes[-1], flush=True)
+        return []
     rows = []
     for count in clients:
         plans = client_prompts(count, per_client, seed + count)
