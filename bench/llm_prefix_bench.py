@@ -141,12 +141,11 @@ def measure_in_process(checkpoint: pathlib.Path, reuse: bool,
             prompt = system + [rng.randrange(3, VOCAB) for _ in range(16)]
             sent = time.monotonic()
             request_id = executor.enqueue_request(Request(prompt, 8, streaming=True))
-            while not executor.await_responses(request_id, timeout=60):
-                pass
+            responses = executor.await_responses(request_id, timeout=60)
             first = time.monotonic()
-            while not any(r.result is not None and r.result.is_final
-                          for r in executor.await_responses(request_id, timeout=60)):
-                pass
+            while not any(r.has_error() or (r.result is not None and r.result.is_final)
+                          for r in responses):  # the final one may come with the first
+                responses = executor.await_responses(request_id, timeout=60)
             if index:
                 ttfts.append((first - sent) * 1000.0)
         return ttfts
