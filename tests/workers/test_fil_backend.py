@@ -86,3 +86,25 @@ def test_requests_of_a_batch_are_predicted_together(tmp_path: pathlib.Path,
     np.testing.assert_array_equal(second.outputs[0].array, expected[2:])
     assert bad is not None and not isinstance(bad, BackendResponse)
     assert "'input__0' has shape [1, 3]" in bad.message
+
+
+def test_example_xgboost_repository_equals_predict_proba() -> None:
+    """examples/fil_repository/xgboost_fil: its committed model, loaded with its config by the
+    broker's reader and run by the backend, equals XGBClassifier.predict_proba of the same file
+    on the example's training rows."""
+    from shoal.broker.repository import load_model_source
+
+    examples = pathlib.Path(__file__).resolve().parents[2] / "examples"
+    model_dir = examples / "fil_repository" / "xgboost_fil"
+    source = load_model_source("xgboost_fil", str(model_dir), str(model_dir.parent),
+                               default_max_batch_size=4, gpu_count=0, auto_complete=None)
+    backend = FilBackend()
+    backend.load(InstanceContext("xgboost_fil", 1, str(model_dir), str(model_dir / "1"),
+                                 source.config, "{}", "xgboost_fil_0", "CPU", "cpu", 0))
+    rows = np.random.default_rng(2).standard_normal((7, 16)).astype(np.float32)
+    answer = backend.execute([BackendRequest(0, {"input__0": rows}, {"input__0": "FP32"},
+                                             ["output__0"], {}, batch_size=7)])[0]
+    assert isinstance(answer, BackendResponse)
+    oracle = xgb.XGBClassifier()
+    oracle.load_model(str(model_dir / "1" / "xgboost.json"))
+    np.testing.assert_array_equal(answer.outputs[0].array, oracle.predict_proba(rows))
