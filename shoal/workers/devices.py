@@ -3,7 +3,12 @@
 ``resolve_device`` turns an instance group's kind and device id into the torch device string a
 backend loads onto ("cpu", "cuda:N", "npu:N"); it runs inside the worker and may import torch.
 ``visible_gpu_count`` is for the supervisor/broker, which must not import torch: it counts the
-NVIDIA driver's /proc entries and applies CUDA_VISIBLE_DEVICES the way the CUDA runtime does.
+NVIDIA driver's /proc entries and applies CUDA_VISIBLE_DEVICES the way the CUDA runtime does;
+on a host without NVIDIA GPUs where ``torch_npu`` is installed it asks the Ascend runtime
+(``torch.npu.device_count()``, which applies ASCEND_RT_VISIBLE_DEVICES) in a short-lived child
+interpreter (``npu_count``), so KIND_GPU instances are placed on Ascend NPUs 0..N-1 and the
+worker maps each to "npu:<id>". Only the mapping is tested (with a stand-in ``torch_npu``
+package that reports a device count); nothing here has run on Ascend hardware.
 
 Test-only fake GPUs: ``SHOAL_FAKE_GPUS="0:2GiB,1:2GiB"`` in the server's environment declares
 GPUs 0..N-1 and their memory sizes. ``visible_gpu_count`` then returns N (CUDA_VISIBLE_DEVICES
@@ -15,16 +20,26 @@ variable. Never set it in production. Unset (or empty), nothing changes.
 
 from __future__ import annotations
 
+import importlib.util
+import logging
 import math
 import os
 import re
+import subprocess
+import sys
 from collections.abc import Mapping
 from fractions import Fraction
 from typing import Final
 
 from shoal.errors import ErrorCode, ShoalError, invalid_arg
 
+logger = logging.getLogger(__name__)
+
 NVIDIA_PROC_GPUS = "/proc/driver/nvidia/gpus"
+# Run in a child interpreter: the broker never imports torch. Prints the NPU count.
+_NPU_COUNT_SCRIPT: Final = ("import torch, torch_npu\n"
+                            "print(torch.npu.device_count() if torch.npu.is_available() else 0)")
+_NPU_COUNT_TIMEOUT_S: Final = 120.0
 FAKE_GPUS_ENV: Final = "SHOAL_FAKE_GPUS"
 _FAKE_GPUS_FORM: Final = "'<id>:<size>,...' with ids 0..N-1, e.g. '0:2GiB,1:2GiB'"
 _BYTE_SIZE: Final = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*", re.IGNORECASE)
@@ -134,12 +149,18 @@ def visible_gpu_count(proc_dir: str = NVIDIA_PROC_GPUS,
     Counts the driver's entries under ``proc_dir`` (0 when the driver is absent) and applies
     CUDA_VISIBLE_DEVICES: an empty value hides every device; the list is read up to its first
     invalid entry (as the CUDA runtime does); UUID / MIG entries count as one device each.
+    Without NVIDIA GPUs: the Ascend NPUs the installed runtime sees (``npu_count``).
     Under SHOAL_FAKE_GPUS (test-only): the number of fake GPUs, whatever the driver says.
     """
     env = os.environ if environ is None else environ
     fake = fake_gpus(env)
     if fake is not None:
         return len(fake)
+    nvidia = _nvidia_count(proc_dir, env)
+    return nvidia if nvidia > 0 else npu_count(env)
+
+
+def _nvidia_count(proc_dir: str, env: Mapping[str, str]) -> int:
     try:
         installed = len([e for e in os.listdir(proc_dir) if not e.startswith(".")])
     except OSError:
@@ -148,6 +169,29 @@ def visible_gpu_count(proc_dir: str = NVIDIA_PROC_GPUS,
     if visible is None:
         return installed
     return min(len(cuda_visible_entries(visible, installed)), installed)
+
+
+def npu_count(environ: Mapping[str, str] | None = None) -> int:
+    """Ascend NPUs visible to ``torch_npu`` (0 when it is not installed, does not import, or
+    finds none), asked in a child interpreter with ``environ`` so the caller imports no torch.
+    The child runs only when ``torch_npu`` is installed (a spec lookup, no import)."""
+    if importlib.util.find_spec("torch_npu") is None:
+        return 0
+    env = dict(os.environ if environ is None else environ)
+    try:
+        done = subprocess.run([sys.executable, "-c", _NPU_COUNT_SCRIPT], env=env,
+                              capture_output=True, text=True, timeout=_NPU_COUNT_TIMEOUT_S,
+                              check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        logger.warning("counting Ascend NPUs through torch_npu failed (%s); none used", exc)
+        return 0
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines or not lines[-1].isdigit():
+        reason = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        logger.warning("torch_npu is installed but counting NPUs failed (%s); none used",
+                       reason)
+        return 0
+    return int(lines[-1])
 
 
 def cuda_visible_entries(visible: str, installed: int) -> list[str]:
