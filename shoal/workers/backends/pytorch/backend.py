@@ -191,8 +191,8 @@ class PytorchBackend:
     def _check_batch_dims(self, model_name: str, program: LoadedProgram) -> None:
         """A batching model's exported program must take any batch size: refuse one whose
         batched inputs were exported with a fixed dim 0 (no ``dynamic_shapes`` for it)."""
-        if self._max_batch <= 0 or self._dict_input:
-            return
+        if self._max_batch <= 0 or self._dict_input or program.batch_dims is None:
+            return  # TorchScript and AOTInductor packages: dims not recorded
         arg_names = program.arg_names
         batched = [arg_names[self._input_pos[spec.name]]
                    for spec in self._inputs + self._sequence_inputs
