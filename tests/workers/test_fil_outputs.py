@@ -66,3 +66,15 @@ def test_output_width_must_fit_the_model() -> None:
     with pytest.raises(ShoalError, match="class ids"):
         output_width(_params(output_class="true"), 3, 3)
     assert output_width(_params(), 1, 1) == 1
+
+
+def test_thread_count_parameter_and_its_default() -> None:
+    from shoal.model_config import parse_config_text
+    from shoal.workers.backends.fil.params import default_threads
+
+    assert _params(thread_count="3").thread_count == 3
+    assert _params().thread_count == 0
+    with pytest.raises(ShoalError, match="'thread_count'"):
+        _params(thread_count="-1")
+    config = parse_config_text('instance_group [ { kind: KIND_CPU count: 64 } ]', "config")
+    assert default_threads(config) == 1

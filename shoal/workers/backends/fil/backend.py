@@ -34,6 +34,7 @@ from shoal.workers.backends.fil.params import (
     OUTPUT_NAME,
     FilParams,
     config_parameters,
+    default_threads,
     parse_params,
 )
 from shoal.workers.backends.torchscript_io import io_spec
@@ -66,14 +67,15 @@ class FilBackend:
         if not os.path.isfile(path):
             raise invalid_arg(f"model '{model}' version {ctx.model_version}: model file "
                               f"'{filename}' for model_type '{params.model_type}' not found")
-        forest = load_forest(params.model_type, path,
+        threads = params.thread_count or default_threads(config)
+        forest = load_forest(params.model_type, path, threads=threads,
                              allow_unknown_field=params.xgboost_allow_unknown_field)
         self._width = _check_config(model, config, params, forest)
         self._params = params
         self._forest = forest
-        logger.info("fil instance '%s': %s model '%s', %d features, %d score(s) per row",
-                    self._name, params.model_type, filename, forest.num_features,
-                    forest.num_class)
+        logger.info("fil instance '%s': %s model '%s', %d features, %d score(s) per row, "
+                    "%d thread(s)", self._name, params.model_type, filename,
+                    forest.num_features, forest.num_class, threads)
 
     def execute(self, requests: list[BackendRequest]) -> list[BackendResponse | Error | None]:
         assert self._forest is not None and self._params is not None, "execute() before load()"

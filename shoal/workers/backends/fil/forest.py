@@ -38,13 +38,15 @@ class Forest:
     predict: Callable[[Array], Array]  # FP32 [rows, num_features] -> FP32 [rows, num_class]
 
 
-def load_forest(model_type: str, path: str, *, allow_unknown_field: bool = False) -> Forest:
-    """``model_type`` is one of ``params.DEFAULT_FILENAMES``; ``path`` an existing file."""
+def load_forest(model_type: str, path: str, *, threads: int,
+                allow_unknown_field: bool = False) -> Forest:
+    """``model_type`` is one of ``params.DEFAULT_FILENAMES``; ``path`` an existing file;
+    ``threads`` (at least 1) the threads the library predicts with."""
     if model_type.startswith("xgboost"):
-        return _xgboost(path, allow_unknown_field)
+        return _xgboost(path, threads, allow_unknown_field)
     if model_type == "lightgbm":
-        return _lightgbm(path)
-    return _treelite(path)
+        return _lightgbm(path, threads)
+    return _treelite(path, threads)
 
 
 def _import(module: str) -> Any:
@@ -66,7 +68,7 @@ def _load_error(kind: str, path: str, exc: BaseException) -> ShoalError:
     return invalid_arg(f"cannot load {kind} model '{name}': {message}")
 
 
-def _xgboost(path: str, allow_unknown_field: bool) -> Forest:
+def _xgboost(path: str, threads: int, allow_unknown_field: bool) -> Forest:
     xgb = _import("xgboost")
     try:
         booster = xgb.Booster(model_file=path)
@@ -74,6 +76,7 @@ def _xgboost(path: str, allow_unknown_field: bool) -> Forest:
         raise _load_error("XGBoost", path, exc) from None
     del allow_unknown_field  # XGBoost's own loader tolerates unknown JSON fields
     learner = json.loads(booster.save_config())["learner"]
+    booster.set_param({"nthread": threads})
     if learner["objective"]["name"] == "multi:softmax":
         booster.set_param({"objective": "multi:softprob"})
     num_class = max(1, int(learner["learner_model_param"].get("num_class", "0")))
@@ -85,7 +88,7 @@ def _xgboost(path: str, allow_unknown_field: bool) -> Forest:
     return Forest(int(booster.num_features()), num_class, predict)
 
 
-def _lightgbm(path: str) -> Forest:
+def _lightgbm(path: str, threads: int) -> Forest:
     lgb = _import("lightgbm")
     try:
         booster = lgb.Booster(model_file=path)
@@ -94,13 +97,13 @@ def _lightgbm(path: str) -> Forest:
     num_class = int(booster.num_model_per_iteration())
 
     def predict(rows: Array) -> Array:
-        scores = booster.predict(rows)
+        scores = booster.predict(rows, num_threads=threads)
         return np.asarray(scores, dtype=np.float32).reshape(rows.shape[0], num_class)
 
     return Forest(int(booster.num_feature()), num_class, predict)
 
 
-def _treelite(path: str) -> Forest:
+def _treelite(path: str, threads: int) -> Forest:
     treelite = _import("treelite")
     try:
         model = treelite.Model.deserialize(path)
@@ -114,7 +117,7 @@ def _treelite(path: str) -> Forest:
     num_class = int(header.get_field("num_class")[0])
 
     def predict(rows: Array) -> Array:
-        scores = treelite.gtil.predict(model, rows)
+        scores = treelite.gtil.predict(model, rows, nthread=threads)
         return np.asarray(scores, dtype=np.float32).reshape(rows.shape[0], num_class)
 
     return Forest(int(model.num_feature), num_class, predict)

@@ -4,13 +4,21 @@ Triton. A bad value is INVALID_ARG naming the parameter; unknown keys are ignore
 backends ignore them. The GPU-only tuning knobs (``threads_per_tree``, ``storage_type``,
 ``algo``, ``blocks_per_sm``, ``transfer_threshold``) and ``use_experimental_optimizations``
 are accepted and have no effect here (they never change outputs in Triton either).
+
+``thread_count`` is shoal's own (Triton's FIL backend has none): the threads each instance's
+library predicts with. Unset or 0: the usable CPUs less one (kept for the frontend and broker)
+divided among the model's CPU instances, at least 1 (``default_threads``). Small batches of
+trees gain little from more threads, and OpenMP threads on a busy machine lose a lot.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
+
+from tritonclient.grpc.model_config_pb2 import ModelInstanceGroup
 
 from shoal.errors import invalid_arg
 
@@ -38,6 +46,7 @@ class FilParams:
     predict_proba: bool
     threshold: float | None
     xgboost_allow_unknown_field: bool
+    thread_count: int = 0  # 0: default_threads(config)
 
     @property
     def default_filename(self) -> str:
@@ -65,7 +74,20 @@ def parse_params(model: str, params: Mapping[str, str]) -> FilParams:
                           "(set output_class to true)")
     threshold = _threshold(model, params.get("threshold"))
     allow_unknown = _flag(model, params, "xgboost_allow_unknown_field", default=False)
-    return FilParams(model_type, output_class, predict_proba, threshold, allow_unknown)
+    threads = params.get("thread_count", "").strip() or "0"
+    if not threads.isdigit():
+        raise invalid_arg(f"model '{model}': parameter 'thread_count' is '{threads}', expected "
+                          "a whole number (0: the default)")
+    return FilParams(model_type, output_class, predict_proba, threshold, allow_unknown,
+                     int(threads))
+
+
+def default_threads(config: Any) -> int:
+    """The usable CPUs less one, divided among the model's CPU instances, at least 1."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    instances = sum(max(int(group.count), 1) for group in config.instance_group
+                    if group.kind != ModelInstanceGroup.KIND_GPU)
+    return max(1, ((cpus or 1) - 1) // max(instances, 1))
 
 
 def _flag(model: str, params: Mapping[str, str], key: str, *, default: bool) -> bool:
