@@ -20,6 +20,7 @@ variable. Never set it in production. Unset (or empty), nothing changes.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import logging
 import math
@@ -177,7 +178,14 @@ def npu_count(environ: Mapping[str, str] | None = None) -> int:
     The child runs only when ``torch_npu`` is installed (a spec lookup, no import)."""
     if importlib.util.find_spec("torch_npu") is None:
         return 0
-    env = dict(os.environ if environ is None else environ)
+    env = tuple(sorted((os.environ if environ is None else environ).items()))
+    return _npu_count_in_child(env)
+
+
+@functools.lru_cache(maxsize=8)
+def _npu_count_in_child(environ: tuple[tuple[str, str], ...]) -> int:
+    """``npu_count``'s child run, once per environment (the broker asks more than once)."""
+    env = dict(environ)
     try:
         done = subprocess.run([sys.executable, "-c", _NPU_COUNT_SCRIPT], env=env,
                               capture_output=True, text=True, timeout=_NPU_COUNT_TIMEOUT_S,
