@@ -4,6 +4,7 @@ names the parameter or tensor at fault) and a batch of requests predicted as one
 from __future__ import annotations
 
 import pathlib
+import sys
 import textwrap
 
 import numpy as np
@@ -108,3 +109,12 @@ def test_example_xgboost_repository_equals_predict_proba() -> None:
     oracle = xgb.XGBClassifier()
     oracle.load_model(str(model_dir / "1" / "xgboost.json"))
     np.testing.assert_array_equal(answer.outputs[0].array, oracle.predict_proba(rows))
+
+
+def test_missing_library_is_unsupported_naming_the_extra(
+        tmp_path: pathlib.Path, classifier: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "xgboost", None)  # import xgboost raises ImportError
+    with pytest.raises(ShoalError) as info:
+        _load(tmp_path, classifier, _config())
+    assert info.value.code.name == "UNSUPPORTED"
+    assert "pip install 'shoal[trees]'" in info.value.message
