@@ -29,6 +29,8 @@ class _PatientServer(ShoalServer):
 
 
 WHERE_MODEL = """
+import time
+
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -37,6 +39,7 @@ class TritonPythonModel:
         self.where = f"{args['model_instance_kind']}:{args['model_instance_device_id']}"
 
     def execute(self, requests):
+        time.sleep(0.05)  # busy long enough that concurrent requests need the other instance
         where = np.array([self.where.encode()], dtype=np.object_)
         return [pb_utils.InferenceResponse([pb_utils.Tensor("WHERE", where)])
                 for _ in requests]
