@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import pathlib
 import random
 import re
@@ -76,13 +77,18 @@ def words(rng: random.Random, count: int) -> str:
     return " ".join(f"w{rng.randrange(3, VOCAB)}" for _ in range(count))
 
 
+# one client (keep-alive connections, thread-safe) for every request: httpx.stream() builds a
+# client and its SSL context per call, tens of ms that would be counted as TTFT
+_HTTP = httpx.Client(timeout=300, limits=httpx.Limits(max_connections=64))
+
+
 def stream_completion(base: str, prompt: str, max_tokens: int) -> list[float]:
     """Send one streaming completion; the monotonic time of each text event (first: TTFT),
     preceded by the send time."""
     body = {"model": "llm", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
             "stream": True}
     times = [time.monotonic()]
-    with httpx.stream("POST", f"{base}/v1/completions", json=body, timeout=300) as r:
+    with _HTTP.stream("POST", f"{base}/v1/completions", json=body) as r:
         r.raise_for_status()
         for line in r.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
@@ -192,8 +198,9 @@ def report(ttft: dict[bool, list[float]], floor: list[float], in_process: dict[b
              f"(requests {args.requests}, system prompt {args.system_words} tokens, "
              f"long prompts {args.long_prompts} x {args.long_words} tokens, "
              f"max_num_tokens {args.max_num_tokens} for the ITL runs); "
-             f"{time.strftime('%Y-%m-%d', time.gmtime())}, on this 2-core machine while other "
-             "work ran: indicative figures.", "",
+             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, on this "
+             f"{os.cpu_count()}-core machine, 1-minute load average {os.getloadavg()[0]:.1f} at "
+             "the end (above the core count, other work shared the machine).", "",
              "| TTFT, shared system prompt | p50 ms | mean ms | min ms |", "|---|---|---|---|"]
     for reuse in (False, True):
         values = ttft[reuse]
