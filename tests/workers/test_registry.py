@@ -114,3 +114,19 @@ def test_module_without_backend_class_is_rejected(dirs: Any) -> None:
 def test_names_that_could_escape_a_directory_are_rejected(dirs: Any) -> None:
     with pytest.raises(ShoalError, match="invalid backend name"):
         create("../evil", dirs)
+
+
+@pytest.mark.parametrize("name", ["tensorflow", "tensorrt", "openvino", "dali"])
+def test_tritons_other_backends_are_not_installed_with_a_way_out(dirs: Any, name: str) -> None:
+    with pytest.raises(ShoalError) as info:
+        create(name, dirs)
+    assert info.value.code == ErrorCode.UNSUPPORTED
+    assert info.value.message.startswith(f"backend '{name}' is not installed")
+    assert "onnxruntime" in info.value.message or "python model" in info.value.message
+
+
+def test_a_users_own_backend_of_a_tritons_name_wins(dirs: Any) -> None:
+    _, version_dir, _ = dirs
+    write(version_dir / "shoal_backend_tensorflow.py",
+          "from shoal.workers.backends.python.backend import PythonBackend as ShoalBackend\n")
+    assert create("tensorflow", dirs).__class__.__name__ == "PythonBackend"

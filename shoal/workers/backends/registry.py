@@ -9,7 +9,8 @@
 4. an installed entry point in group ``shoal.backends`` whose name is the backend name
 5. the built-ins: ``python``, ``pytorch`` (alias ``pytorch_libtorch``), ``onnxruntime`` (alias
    ``onnxruntime_onnx``; needs the ``onnx`` extra), ``fil`` (tree models; needs the ``trees``
-   extra) and ``llm``
+   extra) and ``llm``; Triton's ``tensorflow``, ``tensorrt``, ``openvino`` and ``dali`` are
+   refused as not installed, saying how to serve such a model here (``not_built_in.py``)
 
 An out-of-tree module (1-3) must define ``ShoalBackend``, and an entry point must point at, a class
 implementing ``shoal.workers.backends.base.Backend`` that takes no constructor arguments (the
@@ -31,6 +32,7 @@ from typing import Any
 
 from shoal.errors import ErrorCode, ShoalError, invalid_arg
 from shoal.workers.backends.base import Backend
+from shoal.workers.backends.not_built_in import not_built_in
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +64,9 @@ def create_backend(name: str, model_dir: str, version_dir: str,
     factory = _builtin(_ALIASES.get(name, name))
     if factory is not None:
         return factory()
+    known_elsewhere = not_built_in(name)
+    if known_elsewhere is not None:
+        raise known_elsewhere
     raise ShoalError(
         ErrorCode.INVALID_ARG,
         f"unknown backend '{name}': no {MODULE_PREFIX}{name}.py in the model's version or model "
