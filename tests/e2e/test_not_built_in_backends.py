@@ -48,7 +48,8 @@ def _index(server: ShoalServer) -> dict[str, Any]:
     deadline = time.monotonic() + 60
     while True:
         index = {e["name"]: e for e in httpx.post(f"{server.base}/v2/repository/index").json()}
-        settled = all(index[n].get("reason") for n in MODELS) and \
+        # a failed instance may be retried (state LOADING, with the reason) before it settles
+        settled = all(index[n]["state"] == "UNAVAILABLE" for n in MODELS) and \
             index["identity"]["state"] == "READY"
         if settled or time.monotonic() > deadline:
             return index
