@@ -17,7 +17,6 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
 
-import orjson
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
@@ -31,6 +30,7 @@ from shoal.frontend.http.errors import (
     JSON_CONTENT_TYPE,
     error_response,
     internal_error_response,
+    json_response,
     shoal_error_response,
 )
 from shoal.frontend.http.generate import GenerateHandler
@@ -74,10 +74,6 @@ def require_model_control(settings: Settings, control: ModelControl | None,
     if control is None:
         raise unsupported("model load / unload is not supported by this server")
     return control
-
-
-def json_response(document: Any, status: int = 200) -> Response:
-    return Response(orjson.dumps(document), status, media_type=JSON_CONTENT_TYPE)
 
 
 def guarded(endpoint: Endpoint) -> Endpoint:

@@ -2,7 +2,8 @@
 
 This module is the only place in the HTTP layer that knows the mapping (Triton's
 ``HttpCodeFromError``): INTERNAL 500, NOT_FOUND 404, UNAVAILABLE 503, UNSUPPORTED 501,
-UNKNOWN / INVALID_ARG / ALREADY_EXISTS / CANCELLED 400.
+UNKNOWN / INVALID_ARG / ALREADY_EXISTS / CANCELLED 400. ``json_response`` sends any other JSON
+document.
 """
 
 from __future__ import annotations
@@ -48,6 +49,11 @@ def status_for(code: ErrorCode) -> int:
 
 def error_body(message: str) -> bytes:
     return orjson.dumps({"error": message})
+
+
+def json_response(document: object, status: int = 200) -> Response:
+    """Any JSON document (success or error shape) as a response."""
+    return Response(orjson.dumps(document), status, media_type=JSON_CONTENT_TYPE)
 
 
 def error_response(

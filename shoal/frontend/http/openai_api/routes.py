@@ -30,7 +30,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 
 from shoal.errors import ErrorCode, ShoalError
-from shoal.frontend.http.errors import INTERNAL_ERROR_MESSAGE, JSON_CONTENT_TYPE
+from shoal.frontend.http.errors import INTERNAL_ERROR_MESSAGE, json_response
 from shoal.frontend.http.generate import SSE_CONTENT_TYPE
 from shoal.frontend.http.infer import read_body
 from shoal.frontend.http.openai_api.errors import (
@@ -59,10 +59,6 @@ OWNER = "shoal"
 Endpoint = Callable[[Request], Awaitable[Response]]
 
 
-def _json(document: Any, status: int = 200) -> Response:
-    return Response(orjson.dumps(document), status, media_type=JSON_CONTENT_TYPE)
-
-
 def openai_guarded(endpoint: Endpoint) -> Endpoint:
     """OpenAiError / ShoalError -> OpenAI's error shape; anything else -> logged 500."""
 
@@ -78,7 +74,7 @@ def openai_guarded(endpoint: Endpoint) -> Endpoint:
         except Exception as exc:
             logger.error("unexpected error in %s %s", request.method, request.url.path,
                          exc_info=exc)
-            return _json(error_document(500, INTERNAL_ERROR_MESSAGE), 500)
+            return json_response(error_document(500, INTERNAL_ERROR_MESSAGE), 500)
 
     return run
 
@@ -120,14 +116,14 @@ class OpenAiApi:
         return {"id": name, "object": "model", "created": 0, "owned_by": OWNER}
 
     async def list_models(self, request: Request) -> Response:
-        return _json({"object": "list",
+        return json_response({"object": "list",
                       "data": [self._model_document(name) for name in self._served()]})
 
     async def get_model(self, request: Request) -> Response:
         name = request.path_params["model"]
         if name not in self._served():
             raise model_not_found(name)
-        return _json(self._model_document(name))
+        return json_response(self._model_document(name))
 
     def _model(self, name: str) -> ModelVersionInfo:
         if name not in {m.name for m in self._dataplane.snapshot.models if is_llm_model(m)}:
@@ -154,7 +150,7 @@ class OpenAiApi:
         shape = _Shape(params)
         pieces = Generation(self._dataplane, model, params).choices()
         if not params.stream:
-            return _json(await shape.whole(pieces))
+            return json_response(await shape.whole(pieces))
         try:
             first = await anext(pieces)  # errors before the first event keep their status
         except StopAsyncIteration:
