@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import pathlib
 import re
-import subprocess
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,24 +16,17 @@ import torch
 
 from tests.e2e.conftest import serving
 from tests.e2e.server import ShoalServer
+from tests.e2e.test_llm_serving import build_llm_model
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-EXAMPLE = ROOT / "examples" / "llm_repository"
 EOS = 2
 
 
 @pytest.fixture(scope="module")
 def gpu_llm_repo(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     repo = tmp_path_factory.mktemp("llm-gpu-repo")
-    (repo / "llm" / "1").mkdir(parents=True)
-    subprocess.run([sys.executable, str(EXAMPLE / "build.py"), "--output",
-                    str(repo / "llm" / "checkpoint"), "--vocab-size", "512", "--hidden-size",
-                    "64", "--intermediate-size", "128", "--layers", "2", "--heads", "4",
-                    "--kv-heads", "2", "--max-positions", "2048"],
-                   check=True, capture_output=True)
-    config = (EXAMPLE / "llm" / "config.pbtxt").read_text()
+    config = build_llm_model(repo, 2048)
     config, sized = re.subn(
         r'"max_tokens_in_paged_kv_cache" value: \{ string_value: "\d+" \}',
         '"kv_cache_free_gpu_mem_fraction" value: { string_value: "0.01" }', config)

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import pathlib
 import re
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -24,7 +22,7 @@ import torch
 
 from tests.e2e.conftest import serving
 from tests.e2e.server import ShoalServer
-from tests.e2e.test_llm_serving import EXAMPLE, kv_blocks
+from tests.e2e.test_llm_serving import build_llm_model, kv_blocks
 
 MAX_POSITIONS = 4096
 TOKENS_PER_BLOCK = 32
@@ -37,13 +35,7 @@ SYSTEM = ("You are a careful assistant. Answer briefly, in plain words, and neve
 @pytest.fixture(scope="module")
 def prefix_repo(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     repo = tmp_path_factory.mktemp("llm-prefix-repo")
-    (repo / "llm" / "1").mkdir(parents=True)
-    subprocess.run([sys.executable, str(EXAMPLE / "build.py"), "--output",
-                    str(repo / "llm" / "checkpoint"), "--vocab-size", "512", "--hidden-size",
-                    "64", "--intermediate-size", "128", "--layers", "2", "--heads", "4",
-                    "--kv-heads", "2", "--max-positions", str(MAX_POSITIONS)],
-                   check=True, capture_output=True)
-    config = (EXAMPLE / "llm" / "config.pbtxt").read_text()
+    config = build_llm_model(repo, MAX_POSITIONS)
     config, count = re.subn(r'"max_num_tokens" value: \{ string_value: "\d+" \}',
                             f'"max_num_tokens" value: {{ string_value: "{MAX_NUM_TOKENS}" }}',
                             config)
@@ -96,10 +88,17 @@ def hf_text(model: Any, tokenizer: Any, prompt: str, max_new_tokens: int) -> str
 
 
 def reused_in_stats(server: ShoalServer) -> int:
-    r = httpx.get(f"{server.base}/v2/models/llm/stats", timeout=10)
-    assert r.status_code == 200, r.text
-    (entry,) = r.json()["model_stats"]
-    return int(entry["shoal_llm"]["kv_cache"]["reused_blocks"])
+    """The statistics' reused-block count; the figures arrive with the worker's first heartbeat
+    after the load, so a fresh server's document may lack them for up to a second."""
+    deadline = time.monotonic() + 10
+    while True:
+        r = httpx.get(f"{server.base}/v2/models/llm/stats", timeout=10)
+        assert r.status_code == 200, r.text
+        (entry,) = r.json()["model_stats"]
+        if "shoal_llm" in entry:
+            return int(entry["shoal_llm"]["kv_cache"]["reused_blocks"])
+        assert time.monotonic() < deadline, f"no shoal_llm figures in {entry}"
+        time.sleep(0.1)
 
 
 def wait_for_reused(server: ShoalServer, at_least: int) -> tuple[float, int]:

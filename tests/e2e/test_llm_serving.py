@@ -37,16 +37,22 @@ PROMPTS = ["Hello world", "The quick brown fox", "Café au lait 日本語", "one
            "Machine learning", "A small model", "Emoji too: 🙂", "Zürich and Kraków"]
 
 
-@pytest.fixture(scope="module")
-def llm_repo(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
-    repo = tmp_path_factory.mktemp("llm-repo")
+def build_llm_model(repo: pathlib.Path, max_positions: int) -> str:
+    """``repo/llm`` with its version folder and a small checkpoint built by the example's
+    ``build.py``; returns the example's config.pbtxt text for the caller to adjust and write."""
     (repo / "llm" / "1").mkdir(parents=True)
     subprocess.run([sys.executable, str(EXAMPLE / "build.py"), "--output",
                     str(repo / "llm" / "checkpoint"), "--vocab-size", "512", "--hidden-size",
                     "64", "--intermediate-size", "128", "--layers", "2", "--heads", "4",
-                    "--kv-heads", "2", "--max-positions", str(MAX_POSITIONS)],
+                    "--kv-heads", "2", "--max-positions", str(max_positions)],
                    check=True, capture_output=True)
-    config = (EXAMPLE / "llm" / "config.pbtxt").read_text()
+    return (EXAMPLE / "llm" / "config.pbtxt").read_text()
+
+
+@pytest.fixture(scope="module")
+def llm_repo(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    repo = tmp_path_factory.mktemp("llm-repo")
+    config = build_llm_model(repo, MAX_POSITIONS)
     config, count = re.subn(r'"max_tokens_in_paged_kv_cache" value: \{ string_value: "\d+" \}',
                             f'"kv_cache_num_blocks" value: {{ string_value: "{NUM_BLOCKS}" }}',
                             config)
