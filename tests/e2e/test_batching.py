@@ -48,10 +48,11 @@ def test_concurrent_clients_get_batched(server: ShoalServer) -> None:
 
 
 def test_multi_row_requests_batch_together(server: ShoalServer) -> None:
-    client = httpclient.InferenceServerClient(server.url, concurrency=8)
     rows = [4, 8, 2, 6]
 
     def one(n: int) -> np.ndarray:
+        # tritonclient.http runs on gevent: a client belongs to the thread that made it.
+        client = httpclient.InferenceServerClient(server.url)
         inp = httpclient.InferInput("INPUT0", [n, 4], "FP32")
         data = np.full((n, 4), n, np.float32)
         inp.set_data_from_numpy(data)

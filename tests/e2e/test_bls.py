@@ -159,9 +159,9 @@ def test_timeout_cancels_the_call(server: ShoalServer) -> None:
 
 
 def test_dynamically_batched_caller_serves_concurrent_clients(server: ShoalServer) -> None:
-    client = httpclient.InferenceServerClient(server.url, concurrency=16)
-
     def infer(i: int) -> np.ndarray:
+        # tritonclient.http runs on gevent: a client belongs to the thread that made it.
+        client = httpclient.InferenceServerClient(server.url)
         tensor = httpclient.InferInput("X", [1, 4], "FP32")
         tensor.set_data_from_numpy(np.full((1, 4), i, np.float32))
         return client.infer("bls_batched", [tensor]).as_numpy("Y")  # type: ignore[no-any-return]
