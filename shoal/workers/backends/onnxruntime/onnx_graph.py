@@ -19,11 +19,15 @@ from __future__ import annotations
 
 import mmap
 import os
-from collections.abc import Iterator
 from typing import Final
 
 from shoal.errors import ErrorCode, ShoalError, invalid_arg
 from shoal.workers.backends.onnxruntime.graph_io import GraphTensor
+from shoal.workers.backends.protowire import Malformed as _Malformed
+from shoal.workers.backends.protowire import fields as _fields
+from shoal.workers.backends.protowire import ints as _ints
+from shoal.workers.backends.protowire import messages as _messages
+from shoal.workers.backends.protowire import text as _text
 
 # TensorProto.DataType -> (ONNX Runtime's type string, wire data type or "" when none)
 _ELEMENT_TYPES: Final = {
@@ -37,11 +41,6 @@ _ELEMENT_TYPES: Final = {
     16: ("tensor(bfloat16)", "BF16"),
 }
 _OTHER_KINDS: Final = {4: "seq", 5: "map", 8: "sparse_tensor", 9: "optional"}
-_VARINT, _FIXED64, _BYTES, _FIXED32 = 0, 1, 2, 5
-
-
-class _Malformed(Exception):
-    pass
 
 
 def read_graph_io(path: str) -> tuple[list[GraphTensor], list[GraphTensor]]:
@@ -114,62 +113,3 @@ def _dim(dim: memoryview) -> int:
         elif number == 2:
             value = -1
     return value
-
-
-def _messages(data: memoryview, field: int) -> list[memoryview]:
-    """Every length-delimited value of field ``field`` (views, no copies)."""
-    return [value for number, _, value in _fields(data)
-            if number == field and isinstance(value, memoryview)]
-
-
-def _ints(data: memoryview, field: int) -> list[int]:
-    return [value for number, _, value in _fields(data)
-            if number == field and isinstance(value, int)]
-
-
-def _text(values: list[memoryview]) -> str:
-    return bytes(values[-1]).decode("utf-8", "replace") if values else ""
-
-
-def _fields(data: memoryview) -> Iterator[tuple[int, int, int | memoryview]]:
-    """(field number, wire type, value) of each field of one message: an int for varints and
-    fixed-size fields, a view (no copy) for length-delimited ones."""
-    position, end = 0, len(data)
-    while position < end:
-        key, position = _varint(data, position)
-        number, wire = key >> 3, key & 7
-        if number == 0:
-            raise _Malformed
-        if wire == _VARINT:
-            value, position = _varint(data, position)
-            yield number, wire, value
-        elif wire == _BYTES:
-            length, position = _varint(data, position)
-            if position + length > end:
-                raise _Malformed
-            yield number, wire, data[position:position + length]
-            position += length
-        elif wire in (_FIXED64, _FIXED32):
-            width = 8 if wire == _FIXED64 else 4
-            if position + width > end:
-                raise _Malformed
-            yield number, wire, int.from_bytes(data[position:position + width], "little")
-            position += width
-        else:  # groups (3, 4) are not used by ONNX
-            raise _Malformed
-
-
-def _varint(data: memoryview, position: int) -> tuple[int, int]:
-    result, shift = 0, 0
-    while True:
-        byte = data[position]
-        position += 1
-        result |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            break
-        shift += 7
-        if shift > 63:
-            raise _Malformed
-    if result >= 1 << 63:  # a negative int64 (dim_value)
-        result -= 1 << 64
-    return result, position
