@@ -150,16 +150,18 @@ class ModelVersionRuntime:
             name=self.name, version=self.version, state=self.state, reason=self.reason,
             platform=platform_name(self.config), max_batch_size=self.max_batch_size,
             inputs=inputs, outputs=outputs, decoupled=is_decoupled(self.config),
-            config_json=self.config_json_text.encode(), serving=self.serving())
+            config_json=self.config_json_text.encode(), serving=self.serving(),
+            response_cache=self.config.response_cache.enable)
 
     def queued(self, key: RequestKey, frontend: bytes, request: InferRequest,
                now: float) -> QueuedRequest:
+        in_flight = len(self.requests)  # queued or executing before this one arrived
         pending = self.requests[key] = PendingRequest(frontend, request, now)
         if request.trace:
             pending.trace = queued_stamps()
         return QueuedRequest(key=key, batch_size=request.batch_size, arrival=now,
                              priority=request.priority, timeout_us=request.timeout_us,
-                             shape_signature=self.shape_signature(request))
+                             shape_signature=self.shape_signature(request), in_flight=in_flight)
 
     def shape_signature(self, request: InferRequest) -> Hashable:
         """Requests batch together only when these match: each input's name, dtype and

@@ -44,7 +44,8 @@ class QueuedRequest:
     ``priority``: the request's ``priority`` parameter; 0 means the model's default level, 1 is
     the highest. ``timeout_us``: the request's ``timeout`` parameter in microseconds; 0 = none.
     ``shape_signature``: requests are batched together only when theirs are equal (non-batch
-    dims of inputs whose shapes must match, dtypes).
+    dims of inputs whose shapes must match, dtypes). ``in_flight``: other requests of the model
+    version queued or executing when this one arrived (the adaptive queue delay's evidence).
     """
 
     key: RequestKey
@@ -53,6 +54,7 @@ class QueuedRequest:
     priority: int = 0
     timeout_us: int = 0
     shape_signature: Hashable = ()
+    in_flight: int = 0
 
     @property
     def rows(self) -> int:

@@ -11,7 +11,9 @@ before it. Then, with ``delay`` the queue delay and ``oldest`` the earliest arri
 1. a best prefix exists and ``oldest + delay`` has not passed -> send the best prefix now;
 2. the walk stopped early (max_batch_size or a shape change), or its rows reach the largest
    preferred size, or ``oldest + delay`` has passed, or delay is 0 -> send the whole walk now;
-3. otherwise wait until ``oldest + delay`` (or an earlier queue timeout).
+3. otherwise wait until ``oldest + delay`` (or an earlier queue timeout) -- unless the adaptive
+   delay is on and ``arrivals.ArrivalEstimate`` says no partner will come in time: then send the
+   whole walk now (the delay is a maximum, not a promise to wait).
 
 So with preferred sizes [4, 8] and five rows queued, Triton sends 4 at once; when the delay has
 passed it sends everything that fits instead, even if that is not a preferred size.
@@ -22,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from shoal.broker.schedulers.arrivals import ArrivalEstimate
 from shoal.broker.schedulers.base import QueuedRequest, Rejection, RequestKey
 from shoal.broker.schedulers.priority_queue import PriorityQueue, QueuePolicy, TimeoutAction
 from shoal.errors import ShoalError, invalid_arg
@@ -45,6 +48,9 @@ class DynamicBatcherConfig:
     default_priority_level: int = 0
     default_policy: QueuePolicy = field(default_factory=QueuePolicy)
     priority_policies: dict[int, QueuePolicy] = field(default_factory=dict)
+    # send at once instead of waiting when no partner is expected in time (arrivals.py); off
+    # here, on by default for a model config (``from_model_config``)
+    adaptive_delay: bool = False
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -67,9 +73,26 @@ class DynamicBatcherConfig:
                     int(level): _policy_from_proto(policy)
                     for level, policy in batching.priority_queue_policy.items()
                 },
+                adaptive_delay=adaptive_delay_parameter(config),
             )
         except ShoalError as error:
             raise invalid_arg(f"{error.message} for {config.name}") from None
+
+
+ADAPTIVE_DELAY_PARAMETER = "shoal_adaptive_queue_delay"
+
+
+def adaptive_delay_parameter(config: ModelConfig) -> bool:
+    """The model parameter ``shoal_adaptive_queue_delay``: "true" (the default when absent) or
+    "false" (wait for the whole queue delay as Triton does)."""
+    parameter = config.parameters.get(ADAPTIVE_DELAY_PARAMETER)
+    if parameter is None:
+        return True
+    value = str(parameter.string_value).strip().lower()
+    if value not in ("true", "false"):
+        raise invalid_arg(f"parameter {ADAPTIVE_DELAY_PARAMETER} must be 'true' or 'false', "
+                          f"got '{parameter.string_value}'")
+    return value == "true"
 
 
 def _policy_from_proto(policy: Any) -> QueuePolicy:
@@ -141,8 +164,12 @@ class DynamicBatcher:
             config.priority_policies,
         )
         self._timed_out: list[Rejection] = []
+        self._arrivals = (ArrivalEstimate(self._delay_s)
+                          if config.adaptive_delay and self._delay_s > 0 else None)
 
     def submit(self, request: QueuedRequest, now: float) -> Rejection | None:
+        if self._arrivals is not None:
+            self._arrivals.observe(now, request.in_flight)
         return self._queue.enqueue(request)
 
     def next_batch(self, now: float) -> list[QueuedRequest] | None:
@@ -207,5 +234,7 @@ class DynamicBatcher:
         if best_count and not delay_passed:
             return _Plan(best_count)
         if stopped_early or rows >= self._max_preferred or delay_passed or self._delay_s == 0:
+            return _Plan(count)
+        if self._arrivals is not None and self._arrivals.partner_unlikely(now, delay_deadline):
             return _Plan(count)
         return _Plan(0, delay_deadline)

@@ -38,6 +38,7 @@ def test_reads_every_dynamic_batching_field() -> None:
         default_priority_level=2,
         default_policy=QueuePolicy("DELAY", 100, True, 7),
         priority_policies={1: QueuePolicy("REJECT", 0, False, 2)},
+        adaptive_delay=True,  # shoal's default (the model parameter shoal_adaptive_queue_delay)
     )
 
 
@@ -45,7 +46,8 @@ def test_empty_dynamic_batching_gives_triton_defaults() -> None:
     config = DynamicBatcherConfig.from_model_config(
         parse('name: "m" max_batch_size: 4 dynamic_batching { preserve_ordering: true }')
     )
-    assert config == DynamicBatcherConfig(max_batch_size=4, preserve_ordering=True)
+    assert config == DynamicBatcherConfig(max_batch_size=4, preserve_ordering=True,
+                                          adaptive_delay=True)
     assert config.default_policy == QueuePolicy("REJECT", 0, False, 0)
 
 
