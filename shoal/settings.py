@@ -99,6 +99,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # may grow to at most arena_max_bytes (allocation failure beyond it is a 503, never a grow).
     shm_segment_bytes: int = 16 * 1024 * 1024
     shm_arena_max_bytes: int = 1024 * 1024 * 1024
+    # response cache (--cache-config local,size=N): bytes of cached responses, split evenly
+    # between the http_workers frontends (each holds its own LRU); 0 = no cache
+    response_cache_bytes: int = 0
     # runtime: set by the supervisor, not by flags
     instance_id: str = ""           # random, appears in every segment name: /shoal-<id>-...
     runtime_dir: str = ""           # holds the ipc:// sockets of this server instance

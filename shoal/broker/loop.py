@@ -34,6 +34,7 @@ from shoal.errors import ErrorCode
 from shoal.messages import (
     Batch,
     BatchResult,
+    CacheFigures,
     CancelExecuting,
     CancelRequest,
     ControlReply,
@@ -212,6 +213,8 @@ class BrokerLoop:
                 self.abandon(replaced, now)
         elif isinstance(message, (RegionRegistered, RegionUnregistered)):
             self.frontends.regions.record(message)
+        elif isinstance(message, CacheFigures):
+            self.record_cache_figures(message)
         elif isinstance(message, StatsRequest):
             models = self.models.stats(message.model, message.version,
                                        self.ensembles.in_flight)
@@ -219,6 +222,15 @@ class BrokerLoop:
             devices = [] if message.model else device_memory(self.lifecycle.ledger)
             self.frontends.send(identity, StatsReply(message.query_id, models,
                                                      custom_metrics=custom, devices=devices))
+
+    def record_cache_figures(self, message: CacheFigures) -> None:
+        """A frontend's response-cache hits and misses join the serving versions' statistics
+        (figures of a version no longer served are dropped)."""
+        for figures in message.figures:
+            runtime = self.models.runtime(figures.model, figures.version)
+            if runtime is not None:
+                runtime.stats.record_cache(figures.hits, figures.hit_ns, figures.misses,
+                                           figures.miss_ns)
 
     def custom_metrics(self) -> list[CustomMetricFamily]:
         """The models' custom metrics over the workers still serving (an unloading model's go

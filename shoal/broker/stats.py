@@ -87,6 +87,20 @@ class ModelVersionStats:
     compute_input_latency: _Histogram = field(default_factory=_Histogram)
     compute_infer_latency: _Histogram = field(default_factory=_Histogram)
     compute_output_latency: _Histogram = field(default_factory=_Histogram)
+    cache_hit: _Acc = field(default_factory=_Acc)  # lookup + extract, per hit
+    cache_miss: _Acc = field(default_factory=_Acc)  # lookup + insertion, per miss
+
+    def record_cache(self, hits: int, hit_ns: int, misses: int, miss_ns: int) -> None:
+        """Response-cache figures from a frontend. Triton's rules: a hit is a successful request
+        (``success`` and ``queue`` count it, the latter with no wait) but no inference or
+        execution; a miss is counted again as the request it executes."""
+        if hits:
+            self.cache_hit.add(hit_ns, hits)
+            self.success.add(hit_ns, hits)
+            self.queue.add(0, hits)
+            self.last_inference_ms = int(time.time() * 1000)
+        if misses:
+            self.cache_miss.add(miss_ns, misses)
 
     def record_execution(self, rows: int, requests: int, timings: BatchTimings) -> None:
         self._count_execution(rows, timings)
@@ -169,4 +183,5 @@ class ModelVersionStats:
             compute_infer_latency=self.compute_infer_latency.frozen(),
             compute_output_latency=self.compute_output_latency.frozen(),
             first_response=self.first_response.frozen(),
+            cache_hit=self.cache_hit.frozen(), cache_miss=self.cache_miss.frozen(),
         )

@@ -20,6 +20,7 @@ import zmq
 import zmq.asyncio
 
 from shoal.messages import (
+    CacheFigures,
     CancelRequest,
     ClientRegion,
     ControlReply,
@@ -202,6 +203,11 @@ class BrokerClient:
 
     def region_unregistered(self, name: str) -> None:
         self._send(RegionUnregistered(self._frontend_index, name))
+
+    def report_cache_figures(self, figures: CacheFigures) -> None:
+        """The response cache's figures (increments); sent at once, so a StatsRequest sent
+        after it sees them."""
+        self._send(figures)
 
     def release(self, lease: Lease) -> None:
         self._releases.append(lease)

@@ -7,6 +7,11 @@ import argparse
 import sys
 
 from shoal.frontend.metrics.config import parse_metrics_config
+from shoal.frontend.response_cache.config import (
+    CacheConfigError,
+    cache_byte_size,
+    parse_cache_setting,
+)
 from shoal.frontend.restricted import RestrictionError, parse_restrictions
 from shoal.ops.top_args import add_top_arguments
 from shoal.settings import ModelControlMode, Settings
@@ -45,6 +50,13 @@ def parse_device_limit(text: str) -> tuple[int, float]:
         raise argparse.ArgumentTypeError(
             f"--model-load-device-limit expects <device id>:<fraction in (0, 1]>, got '{text}'")
     return device_id, limit
+
+
+def _cache_setting(text: str) -> tuple[str, str, str]:
+    try:
+        return parse_cache_setting(text)
+    except CacheConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def _bool_flag(parser: argparse.ArgumentParser, name: str, default: bool, help_text: str) -> None:
@@ -169,6 +181,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="size of each shared-memory segment of a process's arena")
     serve.add_argument("--shm-arena-byte-size", type=int, default=1024 * 1024 * 1024,
                        help="most shared memory one process's arena may use")
+    serve.add_argument("--cache-config", type=_cache_setting, action="append", default=[],
+                       metavar="CACHE,KEY=VALUE",
+                       help="response cache, as tritonserver: local,size=N (bytes; models opt "
+                       "in with response_cache { enable: true })")
+    serve.add_argument("--response-cache-byte-size", type=int, default=None, metavar="N",
+                       help="deprecated form of --cache-config local,size=N")
     top = sub.add_parser("top", help="live view of a running server (its ops dashboard)")
     add_top_arguments(top)
     return parser
@@ -221,6 +239,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
                                                      flag="--grpc-restricted-protocol", grpc=True),
         shm_segment_bytes=args.shm_segment_byte_size,
         shm_arena_max_bytes=args.shm_arena_byte_size,
+        response_cache_bytes=cache_byte_size(args.cache_config, args.response_cache_byte_size),
     )
 
 
@@ -269,6 +288,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         parse_trace_config(args.trace_config)
     except ValueError as exc:
+        parser.error(str(exc))
+    try:
+        cache_byte_size(args.cache_config, args.response_cache_byte_size)
+    except CacheConfigError as exc:
         parser.error(str(exc))
     try:
         settings = settings_from_args(args)

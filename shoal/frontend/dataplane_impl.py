@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Final
 from shoal.errors import ErrorCode, ShoalError, invalid_arg, not_found, unavailable
 from shoal.frontend.broker_client import BrokerClient
 from shoal.frontend.dataplane import InferOutcome
+from shoal.frontend.response_cache import CacheProbe, ResponseCache
+from shoal.frontend.response_cache.entries import CACHE_LEASE
 from shoal.load_overrides import check_load_parameters, check_model_name
 from shoal.messages import (
     ClientRegion,
@@ -32,6 +34,7 @@ from shoal.messages import (
     LoadModel,
     ModelVersionInfo,
     ModelVersionState,
+    OutputTarget,
     RepositorySnapshot,
     StatsReply,
     TensorRef,
@@ -74,6 +77,11 @@ class FrontendDataPlane:
         self.drained = asyncio.Event()
         self._first_snapshot = asyncio.Event()
         self._shared_memory: SharedMemoryRegistry | None = None
+        # --cache-config: this frontend's share of the response cache (each frontend process
+        # holds its own LRU; their figures are summed by the broker)
+        cache_bytes = settings.response_cache_bytes // max(1, settings.http_workers)
+        self.response_cache = ResponseCache(
+            cache_bytes, self.client.report_cache_figures) if cache_bytes > 0 else None
 
     @property
     def shared_memory(self) -> SharedMemoryRegistry:
@@ -108,6 +116,8 @@ class FrontendDataPlane:
     async def close(self) -> None:
         if self._shared_memory is not None:  # first: its CUDA forgets go through the client
             self._shared_memory.close()
+        if self.response_cache is not None:
+            self.response_cache.close()
         await self.client.close()
         self.outputs.close()
         self.arena.close()
@@ -193,6 +203,11 @@ class FrontendDataPlane:
     async def infer(self, request: InferRequest, slots: list[Slot],
                     trace: RequestTrace | None = None) -> InferOutcome:
         info = self._admit(request, slots)
+        cache = self.response_cache
+        probe = None if cache is None else cache.probe(
+            request, info, lambda ref: self._input_bytes(ref, request.request_id, slots))
+        if probe is not None and probe.entry is not None:
+            return self._answer_from_cache(request, slots, info, probe, trace)
         future = self.client.submit(request)
         future.add_done_callback(lambda f: self._end_request(request.request_id, slots))
         if trace is not None:
@@ -206,9 +221,52 @@ class FrontendDataPlane:
                 self.client.cancel(request.request_id)
                 future.add_done_callback(self._release_abandoned)
             raise
+        if probe is not None and cache is not None:
+            cache.store(request, info, probe, response,
+                        lambda ref: self._output_bytes(ref, request.request_id))
         if response.error is not None:
             raise ShoalError(response.error.code, response.error.message)
         return InferOutcome(response, info)
+
+    # ---------------------------------------------------------------- response cache
+
+    def _answer_from_cache(self, request: InferRequest, slots: list[Slot],
+                           info: ModelVersionInfo, probe: CacheProbe,
+                           trace: RequestTrace | None) -> InferOutcome:
+        """A hit: answered here, the request never leaves this process."""
+        assert self.response_cache is not None
+        try:
+            response = self.response_cache.answer(request, info, probe, self._write_target)
+        finally:
+            self._end_request(request.request_id, slots)
+        if trace is not None:
+            trace.answered(response)
+        return InferOutcome(response, info)
+
+    def _input_bytes(self, ref: TensorRef, request_id: int,
+                     slots: list[Slot]) -> bytes | memoryview | None:
+        """An input's bytes for the cache key: its arena slot, or a copy from a client system
+        region; None for a CUDA region."""
+        if ref.cuda is not None:
+            return None
+        for slot in slots:
+            if slot.region == ref.region and slot.offset == ref.offset:
+                return slot.view[:ref.nbytes]
+        if self._shared_memory is None:
+            return None
+        return self._shared_memory.read_system(request_id, ref.region, ref.offset, ref.nbytes)
+
+    def _output_bytes(self, ref: TensorRef, request_id: int) -> bytes | memoryview | None:
+        """An answer's output bytes to keep in the cache: from the worker's segment, or back
+        from the client system region it was written to."""
+        if ref.region.startswith(self.settings.segment_prefix):
+            return self.output_view(ref)
+        if self._shared_memory is None:
+            return None
+        return self._shared_memory.read_system(request_id, ref.region, ref.offset, ref.nbytes)
+
+    def _write_target(self, request_id: int, target: OutputTarget, data: memoryview) -> None:
+        self.shared_memory.write_system(request_id, target.region, target.offset, data)
 
     def _admit(self, request: InferRequest, slots: list[Slot]) -> ModelVersionInfo:
         try:
@@ -251,11 +309,18 @@ class FrontendDataPlane:
             self.release(future.result().lease)
 
     def output_view(self, ref: TensorRef) -> memoryview:
+        cache = self.response_cache
+        if cache is not None and cache.lends(ref.region):
+            return cache.view(ref)
         return self.outputs.view(ref.region, ref.offset, ref.nbytes)
 
     def release(self, lease: Lease | None) -> None:
-        if lease is not None:
-            self.client.release(lease)
+        if lease is None:
+            return
+        if self.response_cache is not None and lease.instance == CACHE_LEASE:
+            self.response_cache.give_back(lease)
+            return
+        self.client.release(lease)
 
     # ---------------------------------------------------------------- model control (explicit)
 
@@ -279,6 +344,8 @@ class FrontendDataPlane:
     async def stats(self, model: str, version: int) -> StatsReply:
         if model and model not in self._models:
             raise invalid_arg(f"Request for unknown model: '{model}' is not found")
+        if self.response_cache is not None:
+            self.response_cache.report_now()  # this frontend's figures reach the broker first
         try:
             return await self.client.stats(model, version)
         except TimeoutError as exc:

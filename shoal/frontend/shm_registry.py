@@ -101,6 +101,16 @@ class SharedMemoryRegistry(Protocol):
         knows the output's shape: too small -> INVALID_ARG naming the output)."""
         ...
 
+    def read_system(self, request_id: int, object_name: str, offset: int,
+                    nbytes: int) -> bytes | None:
+        """A copy of bytes of a system region the request uses (the response cache)."""
+        ...
+
+    def write_system(self, request_id: int, object_name: str, offset: int,
+                     data: memoryview) -> None:
+        """Write into a system region the request names as an output (the response cache)."""
+        ...
+
     def release_request(self, request_id: int) -> None:
         """The request ended: its regions are no longer in use (deferred unregisters happen)."""
         ...
@@ -316,6 +326,39 @@ class ClientSharedMemoryRegistry:
         if isinstance(found, _CudaRegion):
             return OutputTarget("", offset, byte_size, cuda=found.handle)
         return OutputTarget(found.object_name, found.offset + offset, byte_size)
+
+    def read_system(self, request_id: int, object_name: str, offset: int,
+                    nbytes: int) -> bytes | None:
+        """A copy of ``nbytes`` at ``offset`` of the client system object ``object_name`` that
+        request ``request_id`` uses (``pread`` on the registered descriptor: no mapping, so a
+        client that truncates its object cannot fault this process); None when the request
+        holds no such region or the object is shorter now."""
+        region = self._system_region_of(request_id, object_name)
+        if region is None:
+            return None
+        data = os.pread(region.fd, nbytes, offset)
+        return data if len(data) == nbytes else None
+
+    def write_system(self, request_id: int, object_name: str, offset: int,
+                     data: memoryview) -> None:
+        """Write ``data`` at ``offset`` of the client system object ``object_name`` that request
+        ``request_id`` names as an output target (``pwrite``, no mapping). Raises ShoalError
+        INVALID_ARG when the request holds no such region or the object was truncated."""
+        region = self._system_region_of(request_id, object_name)
+        if region is None or object_size(region.fd, region.name, region.key) < offset + len(
+                data):
+            raise invalid_arg(f"shared memory region for output of request {request_id} is no "
+                              "longer available or was truncated")
+        written = 0
+        while written < len(data):
+            written += os.pwrite(region.fd, data[written:], offset + written)
+
+    def _system_region_of(self, request_id: int, object_name: str) -> _Region | None:
+        for region in self._in_use.get(request_id, ()):
+            if isinstance(region, _Region) and region.object_name == object_name \
+                    and region.fd >= 0:
+                return region
+        return None
 
     def release_request(self, request_id: int) -> None:
         ended: list[_Registration] = []

@@ -29,6 +29,7 @@ import msgspec
 from shoal.messages.frontend import (
     LATENCY_BUCKET_BOUNDS_US,
     BatchStat,
+    CacheFigures,
     CancelRequest,
     ClientRegion,
     ControlReply,
@@ -42,6 +43,7 @@ from shoal.messages.frontend import (
     InferResponseBatch,
     LatencyHistogram,
     LoadModel,
+    ModelCacheFigures,
     ModelLoadStats,
     ModelStats,
     ModelVersionInfo,
@@ -115,6 +117,7 @@ class MsgKind(bytes, enum.Enum):
     REGION_REGISTERED = b"\x0e"
     REGION_UNREGISTERED = b"\x0f"
     HEARTBEAT = b"\x18"
+    CACHE_FIGURES = b"\x20"
 
 
 Message = (
@@ -122,7 +125,7 @@ Message = (
     | CancelRequest | Hello | RepositorySnapshot | RegionRegistered | RegionUnregistered
     | StatsRequest | StatsReply | Batch | BatchResult | WorkerReady | WorkerLoadFailed
     | WorkerShutdown | StreamResponse | CancelExecuting | ForgetCudaHandles
-    | LoadModel | UnloadModel | ControlReply | Heartbeat
+    | LoadModel | UnloadModel | ControlReply | Heartbeat | CacheFigures
 )
 
 _KIND_OF: Final[dict[type[msgspec.Struct], MsgKind]] = {
@@ -150,6 +153,7 @@ _KIND_OF: Final[dict[type[msgspec.Struct], MsgKind]] = {
     RegionRegistered: MsgKind.REGION_REGISTERED,
     RegionUnregistered: MsgKind.REGION_UNREGISTERED,
     Heartbeat: MsgKind.HEARTBEAT,
+    CacheFigures: MsgKind.CACHE_FIGURES,
 }
 _DECODERS: Final[dict[bytes, msgspec.msgpack.Decoder[msgspec.Struct]]] = {
     kind.value: msgspec.msgpack.Decoder(cls) for cls, kind in _KIND_OF.items()
@@ -186,6 +190,7 @@ __all__ = [
     "BatchResult",
     "BatchStat",
     "BatchTimings",
+    "CacheFigures",
     "CancelExecuting",
     "CancelRequest",
     "ClientRegion",
@@ -211,6 +216,7 @@ __all__ = [
     "LlmStats",
     "LoadModel",
     "Message",
+    "ModelCacheFigures",
     "ModelLoadStats",
     "ModelStats",
     "ModelVersionInfo",

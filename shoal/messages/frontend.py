@@ -196,6 +196,7 @@ class ModelVersionInfo(msgspec.Struct, frozen=True, array_like=True):
     decoupled: bool
     config_json: bytes
     serving: bool = True  # accepts inference (READY, or an instance restarting with work queued)
+    response_cache: bool = False  # config's response_cache.enable (frontend/response_cache/)
 
 
 class ModelLoadStats(msgspec.Struct, frozen=True, array_like=True):
@@ -290,6 +291,30 @@ class ModelStats(msgspec.Struct, frozen=True, array_like=True):
     compute_output_latency: LatencyHistogram = LatencyHistogram()
     first_response: Duration = Duration(0, 0)  # count and sum of first_response_latency
     llm: LlmStats | None = None  # llm backend: executor figures summed over the live instances
+    # response cache (Triton's cache_hit / cache_miss): hits answered by a frontend's cache
+    # (lookup + extract), misses (lookup + insertion); reported by the frontends (CacheFigures)
+    cache_hit: Duration = Duration(0, 0)
+    cache_miss: Duration = Duration(0, 0)
+
+
+class ModelCacheFigures(msgspec.Struct, frozen=True, array_like=True):
+    """One model version's response-cache figures since the frontend's last report: hits and
+    their lookup + extract time, misses and their lookup + insertion time (ns)."""
+
+    model: str
+    version: int
+    hits: int = 0
+    hit_ns: int = 0
+    misses: int = 0
+    miss_ns: int = 0
+
+
+class CacheFigures(msgspec.Struct, frozen=True, array_like=True):
+    """frontend -> broker: response-cache figures (increments) of the frontend's own cache,
+    sent before each of its StatsRequests and at most a second after a change; the broker adds
+    them to the versions' statistics (a hit also counts as a success, Triton's rule)."""
+
+    figures: list[ModelCacheFigures]
 
 
 class DeviceMemoryHolder(msgspec.Struct, frozen=True, array_like=True):

@@ -91,9 +91,6 @@ def _duration(value: Duration) -> dict[str, int]:
     return {"count": value.count, "ns": value.ns}
 
 
-_ZERO: Final = Duration(0, 0)
-
-
 def model_statistics(models: Sequence[ModelStats], *, extensions: bool = True
                      ) -> dict[str, Any]:
     """Triton's statistics extension document (durations in ns). ``extensions``: add shoal's
@@ -147,8 +144,8 @@ def _triton_model_stats(stats: ModelStats) -> dict[str, Any]:
             "compute_input": _duration(stats.compute_input),
             "compute_infer": _duration(stats.compute_infer),
             "compute_output": _duration(stats.compute_output),
-            "cache_hit": _duration(_ZERO),
-            "cache_miss": _duration(_ZERO),
+            "cache_hit": _duration(stats.cache_hit),
+            "cache_miss": _duration(stats.cache_miss),
         },
         "response_stats": {},
         "batch_stats": [

@@ -24,6 +24,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from shoal.errors import ShoalError
+from shoal.frontend.metrics.cache import cache_families
 from shoal.frontend.metrics.config import SUMMARY_MAX_AGE_S, MetricsConfig
 from shoal.frontend.metrics.custom import custom_families
 from shoal.frontend.metrics.device_ledger import device_ledger_families
@@ -70,6 +71,8 @@ def render_prometheus(stats: Sequence[ModelStats], snapshot: RepositorySnapshot 
         families.extend(summary_families(stats, config.summary_quantiles, windows,
                                          time.monotonic() if now is None else now))
     families.extend(llm_families(stats))
+    if config.response_cache:
+        families.extend(cache_families(stats, snapshot))
     families.extend(lifecycle_families(snapshot))
     families.extend(cpu_families())
     if config.allow_gpu_metrics:

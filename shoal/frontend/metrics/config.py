@@ -32,6 +32,7 @@ class MetricsConfig:
     summary_quantiles: tuple[tuple[float, float], ...] = DEFAULT_QUANTILES
     allow_gpu_metrics: bool = True
     interval_s: float = 2.0  # per-interval metrics: GPU readings, summary windows
+    response_cache: bool = False  # the server has a response cache: nv_cache_* families
 
     @staticmethod
     def from_settings(settings: Settings) -> MetricsConfig:
@@ -41,7 +42,8 @@ class MetricsConfig:
             summary_latencies=settings.metrics_summary_latencies,
             summary_quantiles=tuple(settings.metrics_summary_quantiles),
             allow_gpu_metrics=settings.allow_gpu_metrics,
-            interval_s=settings.metrics_interval_ms / 1000.0)
+            interval_s=settings.metrics_interval_ms / 1000.0,
+            response_cache=settings.response_cache_bytes > 0)
 
 
 def _bool(setting: str, text: str) -> bool:
