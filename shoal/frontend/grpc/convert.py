@@ -3,8 +3,10 @@
 same messages.
 
 Tensor data comes from ``raw_input_contents`` (parallel to the inputs that have neither typed
-contents nor shared memory, Triton's rule), from typed ``InferTensorContents`` (converted to the
-wire bytes, little-endian; narrowing int/uint contents must fit the datatype), or from a
+contents nor shared memory, Triton's rule; given apart from the message when
+``wire.parse_infer_request`` split them out as views of the received bytes), from typed
+``InferTensorContents`` (converted to the wire bytes, little-endian; narrowing int/uint contents
+must fit the datatype), or from a
 client-registered shared-memory region (``shared_memory_*`` parameters; resolved later by the
 registry). Parameters follow Triton's gRPC rules (``SetInferenceRequestMetadata``): reserved keys go
 to their request fields, ``triton_*`` keys are refused except
@@ -13,6 +15,7 @@ to their request fields, ``triton_*`` keys are refused except
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -69,13 +72,17 @@ def parameter_value(param: Any) -> ParamValue | None:
     return None if kind is None else getattr(param, kind)  # type: ignore[no-any-return]
 
 
-def decode_model_infer_request(message: Any, model: ModelVersionInfo) -> DecodedGrpcRequest:
+def decode_model_infer_request(message: Any, model: ModelVersionInfo,
+                               raw: Sequence[bytes | memoryview] | None = None
+                               ) -> DecodedGrpcRequest:
     """Raises ShoalError (INVALID_ARG) on the first problem; validation against the model's
-    metadata is the HTTP path's ``validate_request``."""
+    metadata is the HTTP path's ``validate_request``. ``raw``: the request's raw_input_contents
+    when they are not in ``message`` (None: the message's own)."""
     decoded = DecodedGrpcRequest(DecodedRequest(inputs=[], client_id=message.id,
                                                 binary_output_default=True))
     _decode_request_parameters(message.parameters, decoded)
-    decoded.request.inputs = _decode_inputs(message, model.name)
+    decoded.request.inputs = _decode_inputs(
+        message, message.raw_input_contents if raw is None else raw, model.name)
     decoded.request.outputs = [_decode_output(output) for output in message.outputs]
     return decoded
 
@@ -153,8 +160,8 @@ def _custom_parameter(key: str, value: ParamValue | None) -> ParamValue:
 # ------------------------------------------------------------------------ inputs
 
 
-def _decode_inputs(message: Any, model_name: str) -> list[DecodedInput]:
-    raw = message.raw_input_contents
+def _decode_inputs(message: Any, raw: Sequence[bytes | memoryview],
+                   model_name: str) -> list[DecodedInput]:
     next_raw = 0
     inputs: list[DecodedInput] = []
     for tensor in message.inputs:

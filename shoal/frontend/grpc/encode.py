@@ -5,8 +5,11 @@ in the 4-byte-length framing), whatever the datatype; an output written to clien
 carries its name, datatype and shape and an empty raw entry. Classification outputs become BYTES
 ``"<value>:<index>"`` tensors, as over HTTP.
 
+The answer goes out as bytes (``grpc/wire.py``): protobuf serializes the small fields and each
+output's bytes are copied once, from the worker's segment into those bytes.
+
 Threads: the event loop; the output views must stay valid (lease not yet released) until this
-returns — everything is copied into the message.
+returns — everything is copied into the bytes.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Any, Final
 
 from tritonclient.grpc import service_pb2 as pb
 
+from shoal.frontend.grpc.wire import serialize_infer_response
 from shoal.frontend.http.response import classify
 from shoal.frontend.http.validation import InferPlan
 from shoal.messages import InferResponse, ParamValue, TensorRef
@@ -48,26 +52,33 @@ def encode_infer_response(
     plan: InferPlan,
     batching: bool,
     output_view: Callable[[TensorRef], memoryview],
-) -> Any:
+    final: bool | None = None,
+) -> bytes:
+    """The serialized ModelInferResponse; with ``final`` (a stream's answer), the serialized
+    ModelStreamInferResponse carrying it, marked final or not."""
     message = pb.ModelInferResponse(model_name=model_name, model_version=str(model_version),
                                     id=client_id)
     for key, value in response.parameters.items():
         set_parameter(message.parameters[key], value)
+    if final is not None:
+        message.parameters[FINAL_RESPONSE].bool_param = final
+    raw_outputs: list[bytes | memoryview] = []
     for ref in response.outputs:
         output_plan = plan.output(ref.name)
         if output_plan is None and plan.explicit_outputs:
             continue  # produced but not asked for
         datatype, shape = ref.datatype, list(ref.shape)
+        raw: bytes | memoryview
         if output_plan is not None and output_plan.shm is not None:
-            raw: bytes = b""  # the worker wrote it into the client's region
+            raw = b""  # the worker wrote it into the client's region
         elif output_plan is not None and output_plan.classification > 0:
             datatype, shape, raw = classify(ref, output_view(ref), output_plan.classification,
                                             batching)
         else:
-            raw = bytes(output_view(ref))
+            raw = output_view(ref)
         message.outputs.add(name=ref.name, datatype=datatype, shape=shape)
-        message.raw_output_contents.append(raw)
-    return message
+        raw_outputs.append(raw)
+    return serialize_infer_response(message, raw_outputs, stream=final is not None)
 
 
 def stream_error(

@@ -17,6 +17,10 @@ unary handler's await of ``DataPlane.infer`` is then cancelled, and a stream can
 started (each awaiting ``infer`` or iterating ``infer_stream``), which cancels the requests at the
 broker.
 
+Messages: requests arrive as ``wire.InferRequestWire`` (a large request's raw inputs are views
+of the received bytes) and answers leave as bytes (``encode``: each output copied once); the
+method handlers with these (de)serializers are ``grpc/handlers.py``'s.
+
 Tracing: each request (unary, or each message of a stream) is sampled with its model name. A
 traced one is stamped GRPC_WAITREAD_START and GRPC_WAITREAD_END together when grpc.aio hands it
 over (the wait for it is not visible here), GRPC_SEND_START / GRPC_SEND_END around its answer's
@@ -39,6 +43,7 @@ from shoal.errors import ShoalError, unsupported
 from shoal.frontend.grpc.convert import DecodedGrpcRequest, decode_model_infer_request
 from shoal.frontend.grpc.encode import encode_infer_response, stream_error, stream_reply
 from shoal.frontend.grpc.status import INTERNAL_ERROR_MESSAGE
+from shoal.frontend.grpc.wire import InferRequestWire, wire_request
 from shoal.frontend.http.validation import validate_request
 from shoal.frontend.infer_common import PreparedRequest, closing, prepare_request
 from shoal.trace.record import (
@@ -93,10 +98,10 @@ class GrpcInference:
     def resolve_model(self, message: Any) -> ModelVersionInfo:
         return self.dataplane.model(message.model_name, message.model_version or None)
 
-    def start(self, message: Any, model: ModelVersionInfo,
+    def start(self, request: InferRequestWire, model: ModelVersionInfo,
               trace: RequestTrace | None = None) -> _Call:
         """Decode, validate, place the inputs. Raises ShoalError, leaving nothing allocated."""
-        decoded = decode_model_infer_request(message, model)
+        decoded = decode_model_infer_request(request.message, model, request.raw)
         plan = validate_request(decoded.request, model)
         prepared = prepare_request(self.dataplane, decoded.request, plan, model, trace)
         return _Call(model, decoded, plan, prepared)
@@ -109,8 +114,9 @@ class GrpcInference:
         trace.capture_outputs(outcome.response.outputs, self.dataplane.output_view)
         return outcome
 
-    def encode(self, call: _Call, outcome: InferOutcome) -> Any:
-        """The answer's ModelInferResponse; releases the answer's output memory."""
+    def encode(self, call: _Call, outcome: InferOutcome, final: bool | None = None) -> bytes:
+        """The answer's ModelInferResponse, serialized (with ``final``: a stream's
+        ModelStreamInferResponse, marked so); releases the answer's output memory."""
         response = outcome.response
         try:
             return encode_infer_response(
@@ -121,18 +127,23 @@ class GrpcInference:
                 plan=call.plan,
                 batching=outcome.model.max_batch_size > 0,
                 output_view=self.dataplane.output_view,
+                final=final,
             )
         finally:
             self.dataplane.release(response.lease)
 
-    async def model_infer(self, message: Any, context: Any) -> Any:
+    async def model_infer(self, request: InferRequestWire | Any, context: Any) -> bytes:
+        """``request``: as received (or a whole ModelInferRequest)."""
+        if not isinstance(request, InferRequestWire):
+            request = wire_request(request)
+        message = request.message
         trace = self.sample(message)
         if trace is not None:
             context.add_done_callback(lambda _: self._call_ended(trace))
         model = self.resolve_model(message)
         if model.decoupled:
             raise unsupported(DECOUPLED_UNARY_MESSAGE)
-        call = self.start(message, model, trace)
+        call = self.start(request, model, trace)
         reply = self.encode(call, await self.infer(call, trace))
         if trace is not None:
             trace.stamp(GRPC_SEND_START)
@@ -169,8 +180,9 @@ class StreamSession:
 
     async def run(self, requests: AsyncIterator[Any]) -> None:
         try:
-            async for message in requests:
-                self._spawn(message)
+            async for received in requests:
+                self._spawn(received if isinstance(received, InferRequestWire)
+                            else wire_request(received))
             while self._tasks:
                 await asyncio.wait(set(self._tasks))
         finally:
@@ -179,7 +191,8 @@ class StreamSession:
             if self._tasks:
                 await asyncio.wait(set(self._tasks))
 
-    def _spawn(self, message: Any) -> None:
+    def _spawn(self, request: InferRequestWire) -> None:
+        message = request.message
         model: ModelVersionInfo | None = None
         error: ShoalError | None = None
         try:
@@ -191,22 +204,23 @@ class StreamSession:
             turn = _Turn(self._last_turn, asyncio.get_running_loop().create_future())
             self._last_turn = turn.done
         trace = self._inference.sample(message)
-        task = asyncio.create_task(self._serve(message, model, error, turn, trace))
+        task = asyncio.create_task(self._serve(request, model, error, turn, trace))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _serve(self, message: Any, model: ModelVersionInfo | None,
+    async def _serve(self, request: InferRequestWire, model: ModelVersionInfo | None,
                      error: ShoalError | None, turn: _Turn | None,
                      trace: RequestTrace | None = None) -> None:
+        message = request.message
         try:
             if model is not None and model.decoupled:
-                await self._serve_decoupled(message, model, trace)
+                await self._serve_decoupled(request, model, trace)
                 return
             if model is None:
                 assert error is not None
                 reply = self._error(message, error.message)
             else:
-                reply = await self._answer_once(message, model, trace)
+                reply = await self._answer_once(request, model, trace)
             assert turn is not None
             await self._write_in_turn(turn, reply, trace)
         except Exception as exc:  # a bug: say so in-band, keep the stream
@@ -219,19 +233,20 @@ class StreamSession:
             if trace is not None:
                 self._inference.finish(trace)
 
-    async def _answer_once(self, message: Any, model: ModelVersionInfo,
+    async def _answer_once(self, request: InferRequestWire, model: ModelVersionInfo,
                            trace: RequestTrace | None = None) -> Any:
+        """The serialized answer, or an in-band error message."""
         try:
-            call = self._inference.start(message, model, trace)
+            call = self._inference.start(request, model, trace)
             outcome = await self._inference.infer(call, trace)
-            return stream_reply(self._inference.encode(call, outcome), final=True)
+            return self._inference.encode(call, outcome, final=True)
         except ShoalError as error:
-            return self._error(message, error.message)
+            return self._error(request.message, error.message)
 
-    async def _serve_decoupled(self, message: Any, model: ModelVersionInfo,
+    async def _serve_decoupled(self, request: InferRequestWire, model: ModelVersionInfo,
                                trace: RequestTrace | None = None) -> None:
         try:
-            call = self._inference.start(message, model, trace)
+            call = self._inference.start(request, model, trace)
             prepared = call.prepared
             answers = (self._inference.dataplane.infer_stream(prepared.request, prepared.slots)
                        if trace is None else self._inference.dataplane.infer_stream(
@@ -242,14 +257,14 @@ class StreamSession:
                     if reply is not None:
                         await self._write(reply, trace if outcome.response.final else None)
         except ShoalError as error:
-            await self._write(self._error(message, error.message))
+            await self._write(self._error(request.message, error.message))
 
     def _decoupled_reply(self, call: _Call, outcome: InferOutcome) -> Any:
         """The message for one answer of a decoupled model; None for a flags-only final the
         client did not ask to see."""
         response = outcome.response
         if response.error is None and not response.empty:
-            return stream_reply(self._inference.encode(call, outcome), response.final)
+            return self._inference.encode(call, outcome, final=response.final)
         self._inference.dataplane.release(response.lease)
         client_id = call.decoded.request.client_id
         version = str(response.model_version or outcome.model.version)

@@ -23,8 +23,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Final
 
 import grpc
-from tritonclient.grpc import service_pb2_grpc
 
+from shoal.frontend.grpc.handlers import add_inference_service
 from shoal.frontend.grpc.health import health_handler
 from shoal.frontend.grpc.restricted import restricted_interceptors
 from shoal.frontend.grpc.service import InferenceServicer
@@ -88,7 +88,7 @@ def create_grpc_server(
     server = grpc.aio.server(options=server_options(settings, max_connections),
                              interceptors=interceptors)
     servicer = InferenceServicer(dataplane, settings, log_settings, tracer)
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
+    add_inference_service(servicer, server)
     server.add_generic_rpc_handlers((health_handler(dataplane),))
     address = grpc_bind_address(settings)
     try:

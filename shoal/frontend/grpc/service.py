@@ -46,7 +46,7 @@ logger = logging.getLogger(__name__)
 
 
 class InferenceServicer:
-    """Registered with ``service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server``. Method
+    """Registered with ``handlers.add_inference_service``. Method
     names are the RPC names."""
 
     def __init__(self, dataplane: DataPlane, settings: Settings,

@@ -45,9 +45,11 @@ def view(ref: TensorRef) -> memoryview:
 
 
 def encode(plan: InferPlan) -> Any:
+    """The encoded answer, parsed back as the client parses it."""
     response = InferResponse(7, 3, refs(), {"p": 1, "q": "s"})
-    return encode_infer_response(response, model_name="m", model_version=3, client_id="id-1",
-                                 plan=plan, batching=True, output_view=view)
+    return pb.ModelInferResponse.FromString(encode_infer_response(
+        response, model_name="m", model_version=3, client_id="id-1", plan=plan, batching=True,
+        output_view=view))
 
 
 def test_every_output_is_raw_with_its_metadata() -> None:
@@ -98,6 +100,21 @@ def test_stream_messages_carry_the_final_flag_and_the_request_id() -> None:
     assert reply.error_message == ""
     assert reply.infer_response.id == "r2"
     assert reply.infer_response.parameters[FINAL_RESPONSE].bool_param is False
+
+
+@pytest.mark.parametrize("final", [True, False])
+def test_a_stream_answer_wraps_the_response_and_carries_the_final_flag(final: bool) -> None:
+    response = InferResponse(7, 3, refs(), {"p": 1})
+    encoded = encode_infer_response(response, model_name="m", model_version=3, client_id="s-1",
+                                    plan=InferPlan(2, [], False, True), batching=True,
+                                    output_view=view, final=final)
+    reply = pb.ModelStreamInferResponse.FromString(encoded)
+    assert reply.error_message == ""
+    answer = reply.infer_response
+    assert answer.id == "s-1"
+    assert answer.parameters[FINAL_RESPONSE].bool_param is final
+    assert answer.parameters["p"].int64_param == 1
+    assert answer.raw_output_contents == [a.tobytes() for a in OUTPUTS.values()]
 
 
 def test_status_mapping_is_tritons() -> None:
