@@ -330,10 +330,14 @@ class ClientSharedMemoryRegistry:
     def read_system(self, request_id: int, object_name: str, offset: int,
                     nbytes: int) -> bytes | None:
         """A copy of ``nbytes`` at ``offset`` of the client system object ``object_name`` that
-        request ``request_id`` uses (``pread`` on the registered descriptor: no mapping, so a
-        client that truncates its object cannot fault this process); None when the request
-        holds no such region or the object is shorter now."""
+        request ``request_id`` uses, or used until its answer came (any live registration of
+        that object: ``pread`` on the registered descriptor, no mapping, so a client that
+        truncates its object cannot fault this process); None when no live registration
+        names the object or the object is shorter now."""
         region = self._system_region_of(request_id, object_name)
+        if region is None:
+            region = next((r for r in self._regions.values() if isinstance(r, _Region)
+                           and r.object_name == object_name and r.fd >= 0), None)
         if region is None:
             return None
         data = os.pread(region.fd, nbytes, offset)
