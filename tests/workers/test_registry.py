@@ -116,13 +116,26 @@ def test_names_that_could_escape_a_directory_are_rejected(dirs: Any) -> None:
         create("../evil", dirs)
 
 
-@pytest.mark.parametrize("name", ["tensorflow", "tensorrt", "openvino", "dali"])
+@pytest.mark.parametrize("name", ["tensorflow", "tensorrt", "dali"])
 def test_tritons_other_backends_are_not_installed_with_a_way_out(dirs: Any, name: str) -> None:
     with pytest.raises(ShoalError) as info:
         create(name, dirs)
     assert info.value.code == ErrorCode.UNSUPPORTED
     assert info.value.message.startswith(f"backend '{name}' is not installed")
     assert "onnxruntime" in info.value.message or "python model" in info.value.message
+
+
+def test_openvino_is_built_in_when_its_package_is_installed(
+        dirs: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from shoal.workers.backends.openvino import runtime
+
+    monkeypatch.setattr(runtime.importlib.util, "find_spec", lambda name: object())
+    assert create("openvino", dirs).__class__.__name__ == "OpenvinoBackend"
+    monkeypatch.setattr(runtime.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ShoalError) as info:
+        create("openvino", dirs)
+    assert info.value.code == ErrorCode.UNSUPPORTED
+    assert info.value.message.startswith("backend 'openvino' is not installed")
 
 
 def test_a_users_own_backend_of_a_tritons_name_wins(dirs: Any) -> None:

@@ -9,8 +9,11 @@
 4. an installed entry point in group ``shoal.backends`` whose name is the backend name
 5. the built-ins: ``python``, ``pytorch`` (alias ``pytorch_libtorch``), ``onnxruntime`` (alias
    ``onnxruntime_onnx``; needs the ``onnx`` extra), ``fil`` (tree models; needs the ``trees``
-   extra) and ``llm``; Triton's ``tensorflow``, ``tensorrt``, ``openvino`` and ``dali`` are
-   refused as not installed, saying how to serve such a model here (``not_built_in.py``)
+   extra), ``openvino`` (when the ``openvino`` package is installed: the ``openvino`` extra),
+   ``tensorflow`` (SavedModels, when TensorFlow is installed: the ``tensorflow`` extra)
+   and ``llm``; Triton's ``tensorrt``, ``dali`` (and ``openvino`` or ``tensorflow`` without its
+   package) are refused as not installed, saying how to serve such a model here
+   (``not_built_in.py``)
 
 An out-of-tree module (1-3) must define ``ShoalBackend``, and an entry point must point at, a class
 implementing ``shoal.workers.backends.base.Backend`` that takes no constructor arguments (the
@@ -33,6 +36,8 @@ from typing import Any
 from shoal.errors import ErrorCode, ShoalError, invalid_arg
 from shoal.workers.backends.base import Backend
 from shoal.workers.backends.not_built_in import not_built_in
+from shoal.workers.backends.openvino.runtime import openvino_installed
+from shoal.workers.backends.tensorflow.runtime import tensorflow_installed
 
 logger = logging.getLogger(__name__)
 
@@ -119,6 +124,14 @@ def _builtin(name: str) -> Callable[[], Backend] | None:
         from shoal.workers.backends.onnxruntime.backend import OnnxruntimeBackend
 
         return OnnxruntimeBackend
+    if name == "openvino" and openvino_installed():  # else not_built_in's error, with the extra
+        from shoal.workers.backends.openvino.backend import OpenvinoBackend
+
+        return OpenvinoBackend
+    if name == "tensorflow" and tensorflow_installed():  # else not_built_in's error, the extra
+        from shoal.workers.backends.tensorflow.backend import TensorflowBackend
+
+        return TensorflowBackend
     if name == "fil":  # imports xgboost / lightgbm / treelite only at load
         from shoal.workers.backends.fil.backend import FilBackend
 
