@@ -60,6 +60,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # (backend, key, value); backend "" is the global form (e.g. default-max-batch-size=4)
     backend_config: list[tuple[str, str, str]] = []
     disable_auto_complete_config: bool = False
+    # --rate-limit: "off" or "execution_count" (broker/rate_limiter/); --rate-limit-resource
+    # flags as (name, count, device), device -1 = every device
+    rate_limit: str = "off"
+    rate_limit_resources: list[tuple[str, int, int]] = []
     http_max_input_size: int = 64 * 1024 * 1024
     # slow and idle HTTP clients (frontend/http/guard.py): request line + headers must arrive
     # within http_header_timeout_secs of connecting (or of the request's first byte on a

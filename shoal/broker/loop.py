@@ -27,10 +27,12 @@ from shoal.broker.lifecycle.driver import LifecycleDriver
 from shoal.broker.model_runtime import InstanceSlot, ModelVersionRuntime
 from shoal.broker.models import ModelManager
 from shoal.broker.pool import WorkerHandle, WorkerState, reap, restart_delay, spawn_worker
+from shoal.broker.rate_limiter import RateLimiter
+from shoal.broker.rate_limiter.placement import placed_needs
 from shoal.broker.schedulers.base import RequestKey
 from shoal.broker.trace_stamps import with_stamps
 from shoal.broker.worker_link import CONTROL_SUFFIX, WorkerEntry, WorkerLink
-from shoal.errors import ErrorCode
+from shoal.errors import ErrorCode, ShoalError
 from shoal.messages import (
     Batch,
     BatchResult,
@@ -97,6 +99,9 @@ class BrokerLoop:
         self.ensembles = EnsembleDriver(self.submit, self.answer, self.forward_releases,
                                         self.cancel)
         self.lifecycle = LifecycleDriver(settings, models, self)
+        # --rate-limit execution_count: batches start only when granted (rate_limiter/)
+        self.rate_limiter = (RateLimiter(settings.rate_limit_resources)
+                             if settings.rate_limit == "execution_count" else None)
         self.poller.register(self.lifecycle.wake_fd, zmq.POLLIN)
 
     # ------------------------------------------------------------------ lifecycle
@@ -114,6 +119,7 @@ class BrokerLoop:
         self.workers.add(handle, runtime, slot)
         runtime.refresh_state()
         self.snapshot_dirty = True
+        self.refresh_rate_limits()
 
     def initial_load_done(self) -> bool:
         return self.lifecycle.initial_done()
@@ -323,6 +329,17 @@ class BrokerLoop:
     def broadcast_snapshot(self) -> None:
         self.snapshot_dirty = False
         self.frontends.broadcast(self.models.snapshot(self.stopping))
+        self.refresh_rate_limits()
+
+    def refresh_rate_limits(self) -> None:
+        """The resources' copies follow the instances held (loads were checked, so this only
+        fails on a broker bug: the old limits stay)."""
+        if self.rate_limiter is None:
+            return
+        try:
+            self.rate_limiter.set_instances(placed_needs(self.models.runtimes()))
+        except ShoalError as error:
+            logger.error("rate limiter resources not updated: %s", error.message)
 
     # ------------------------------------------------------------------ scheduling
 
@@ -330,11 +347,38 @@ class BrokerLoop:
         if runtime.sequence is not None:
             self.dispatch_sequences(runtime, now)
             return
+        if self.rate_limiter is not None:
+            self.dispatch_rate_limited(runtime, now)
+            return
         for worker in runtime.idle_workers():
             batch = runtime.scheduler.next_batch(now)
             if not batch:
                 return
             self.send_batch(runtime, worker, [q.key for q in batch], now)
+
+    def dispatch_rate_limited(self, runtime: ModelVersionRuntime, now: float) -> None:
+        """Every idle instance of a runtime with queued work waits for its turn; then every
+        instance (of any model) whose turn it is and whose resources are free starts a batch."""
+        assert self.rate_limiter is not None
+        if runtime.scheduler.pending_count():
+            for slot in runtime.instances:
+                if slot.worker is not None and slot.worker.state is WorkerState.IDLE:
+                    self.rate_limiter.stage(slot.worker.identity, slot.device_id,
+                                            slot.rate_needs)
+
+        def start(identity: str) -> bool:
+            entry = self.workers.entries.get(identity)
+            if entry is None or entry[0].state is not WorkerState.IDLE:
+                return False
+            handle, granted, _slot = entry
+            batch = granted.scheduler.next_batch(now)
+            if not batch:
+                return False
+            self.send_batch(granted, handle, [q.key for q in batch], now)
+            return True
+
+        while self.rate_limiter.grant_next(start):
+            pass
 
     def dispatch_sequences(self, runtime: ModelVersionRuntime, now: float) -> None:
         assert runtime.sequence is not None
@@ -409,6 +453,8 @@ class BrokerLoop:
             runtime.sequence.done(message.batch_id, now, written_states(runtime, keys, message))
         if handle.batch_id == message.batch_id:
             handle.state, handle.batch_id = WorkerState.IDLE, None
+            if self.rate_limiter is not None:
+                self.rate_limiter.release(handle.identity)
         for key, frontend, response in batch_outcomes(runtime, keys, message, handle.streams,
                                                       now):
             if frontend == INTERNAL:  # an ensemble step: its durations count there too
@@ -470,6 +516,8 @@ class BrokerLoop:
         now = time.monotonic()
         handle, runtime, slot = self.workers.remove(identity)
         reap(handle, timeout=1.0)
+        if self.rate_limiter is not None:
+            self.rate_limiter.forget(identity)  # what it held is free; tick grants it again
         expected = handle.state is WorkerState.STOPPING and slot.last_exit == ""
         description = handle.exit_description()
         remove_segments_with_prefix(handle.spec.arena_prefix)

@@ -15,6 +15,7 @@ from typing import Any
 
 from shoal.broker.ensemble import EnsemblePlan
 from shoal.broker.pool import WorkerHandle, WorkerState
+from shoal.broker.rate_limiter.config import InstanceNeeds, instance_needs
 from shoal.broker.repository import ModelSource
 from shoal.broker.schedulers.base import QueuedRequest, RequestKey, Scheduler
 from shoal.broker.schedulers.default import DefaultScheduler
@@ -24,7 +25,7 @@ from shoal.broker.schedulers.sequence.scheduling import SequenceScheduling
 from shoal.broker.state_store import store_factory
 from shoal.broker.stats import ModelVersionStats
 from shoal.broker.trace_stamps import COMPUTE_START, queued_stamps
-from shoal.errors import invalid_arg, unsupported
+from shoal.errors import ShoalError, invalid_arg, unsupported
 from shoal.messages import (
     InferRequest,
     InferResponse,
@@ -73,6 +74,7 @@ class InstanceSlot:
     ever_ready: bool = False
     gave_up: bool = False
     last_exit: str = ""
+    rate_needs: InstanceNeeds = field(default_factory=InstanceNeeds)  # --rate-limit: its group's
 
 
 @dataclass
@@ -231,6 +233,13 @@ def build_runtime(source: ModelSource, version: int, settings: Settings, serial:
         orderer = None
     instances = [InstanceSlot(name, kind, device_id)
                  for name, kind, device_id, _group in instance_names(config)]
+    if settings.rate_limit != "off":  # off: Triton ignores resources and priority entirely
+        try:
+            needs = instance_needs(config)
+        except ShoalError as error:
+            raise invalid_arg(f"model '{config.name}': {error.message}") from None
+        for slot, slot_needs in zip(instances, needs, strict=True):
+            slot.rate_needs = slot_needs
     sequence = None
     if config.HasField("sequence_batching"):
         if config.sequence_batching.state and is_decoupled(config):

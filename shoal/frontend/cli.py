@@ -59,6 +59,15 @@ def _cache_setting(text: str) -> tuple[str, str, str]:
         raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
+def _rate_limit_resource(text: str) -> tuple[str, int, int]:
+    from shoal.broker.rate_limiter.config import parse_resource_flag
+
+    try:
+        return parse_resource_flag(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def _bool_flag(parser: argparse.ArgumentParser, name: str, default: bool, help_text: str) -> None:
     parser.add_argument(name, type=parse_bool, nargs="?", const=True, default=default,
                         metavar="BOOL", help=f"{help_text} (default {str(default).lower()})")
@@ -177,6 +186,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--grpc-max-connection-age-grace", type=int, default=0, metavar="MS",
                        help="calls still open after GOAWAY for age are ended after this long "
                        "(0 = never)")
+    serve.add_argument("--rate-limit", choices=["off", "execution_count"], default="off",
+                       help="execution_count: an instance executes only while the resources of "
+                       "its instance group's rate_limiter are free (as tritonserver)")
+    serve.add_argument("--rate-limit-resource", type=_rate_limit_resource, action="append",
+                       default=[], metavar="NAME:COUNT[:DEVICE]",
+                       help="copies of a rate limiter resource (per device, or on DEVICE); "
+                       "repeatable")
     serve.add_argument("--shm-segment-byte-size", type=int, default=16 * 1024 * 1024,
                        help="size of each shared-memory segment of a process's arena")
     serve.add_argument("--shm-arena-byte-size", type=int, default=1024 * 1024 * 1024,
@@ -211,6 +227,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         worker_heartbeat_timeout_secs=args.worker_heartbeat_timeout_secs,
         backend_directory=args.backend_directory, backend_config=list(args.backend_config),
         disable_auto_complete_config=args.disable_auto_complete_config,
+        rate_limit=args.rate_limit, rate_limit_resources=list(args.rate_limit_resource),
         http_max_input_size=args.http_max_input_size,
         http_header_timeout_secs=args.http_header_timeout_secs,
         http_body_timeout_secs=args.http_body_timeout_secs,

@@ -38,6 +38,7 @@ from shoal.broker.lifecycle.records import (
 )
 from shoal.broker.model_runtime import InstanceSlot, ModelVersionRuntime
 from shoal.broker.models import ModelManager, SourceRead, model_temp_root
+from shoal.broker.rate_limiter.placement import check_load
 from shoal.broker.repository import discover_models
 from shoal.errors import ErrorCode, ShoalError
 from shoal.load_overrides import check_model_name
@@ -179,6 +180,9 @@ class LifecycleDriver:
             return
         try:
             generation = self.models.build_generation(name, read, command, now)
+            if self.settings.rate_limit != "off":  # before _admit reserves device memory
+                check_load(self.models.runtimes(), generation.runtimes.values(),
+                           self.settings.rate_limit_resources)
             if not generation.is_ensemble:
                 self._admit(generation)
         except ShoalError as exc:
