@@ -82,6 +82,7 @@ class FrontendDataPlane:
         cache_bytes = settings.response_cache_bytes // max(1, settings.http_workers)
         self.response_cache = ResponseCache(
             cache_bytes, self.client.report_cache_figures) if cache_bytes > 0 else None
+        self._cache_off_noted: set[str] = set()
 
     @property
     def shared_memory(self) -> SharedMemoryRegistry:
@@ -130,6 +131,18 @@ class FrontendDataPlane:
             models.setdefault(info.name, {})[info.version] = info
         self._models = models
         self._first_snapshot.set()
+        if self.response_cache is None and self.index == 0:
+            self._note_cache_off(snapshot)
+
+    def _note_cache_off(self, snapshot: RepositorySnapshot) -> None:
+        """Once per model: its config enables the response cache but the server has none
+        (as Triton, it serves uncached)."""
+        for info in snapshot.models:
+            if info.response_cache and info.name not in self._cache_off_noted:
+                self._cache_off_noted.add(info.name)
+                logger.warning("model '%s' enables response_cache but the server has no cache "
+                               "(--cache-config local,size=N): its responses are not cached",
+                               info.name)
 
     # ---------------------------------------------------------------- state
 

@@ -249,4 +249,5 @@ def test_without_a_server_cache_the_model_serves_uncached(
         assert _figures(client, "cached") == (2, 0, 0)
         metrics = httpx.get(f"http://127.0.0.1:{srv.metrics_port}/metrics").text
         assert "nv_cache_" not in metrics
+        assert "model 'cached' enables response_cache but the server has no cache" in srv.log()
         client.close()
