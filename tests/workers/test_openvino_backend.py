@@ -190,10 +190,14 @@ def test_parameters_become_compile_properties() -> None:
             options(dict([bad]))
 
 
-def test_thread_count_reaches_the_compiled_model(tmp_path: pathlib.Path) -> None:
+def test_parameters_reach_the_compiled_model(tmp_path: pathlib.Path) -> None:
     backend = loaded(tmp_path, models.add_sub(), ADD_SUB +
                      'parameters { key: "INFERENCE_NUM_THREADS" value { string_value: "1" } }\n'
-                     'parameters { key: "PERFORMANCE_HINT" value { string_value: "LATENCY" } }\n')
+                     'parameters { key: "COMPILATION_NUM_THREADS" value { string_value: "1" } }\n'
+                     'parameters { key: "NUM_STREAMS" value { string_value: "1" } }\n'
+                     'parameters { key: "PERFORMANCE_HINT" value { string_value: "latency" } }\n')
+    assert backend.compiled_properties == {"NUM_STREAMS": "1", "INFERENCE_NUM_THREADS": "1",
+                                           "PERFORMANCE_HINT": "LATENCY"}
     one = np.ones((1, 4), np.float32)
     assert outputs(backend.execute([make_request(0, {"INPUT0": one, "INPUT1": one})])[0])[
         "OUTPUT0"].tolist() == [[2, 2, 2, 2]]

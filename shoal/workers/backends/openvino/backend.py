@@ -45,6 +45,16 @@ Array = npt.NDArray[Any]
 DEFAULT_MODEL_FILENAME = "model.xml"
 
 
+def supported_properties(core: Any, properties: dict[str, Any], model: str) -> dict[str, Any]:
+    """The ``properties`` the installed CPU plugin supports; each other one is logged as
+    ignored (OpenVINO 2025+'s CPU plugin dropped COMPILATION_NUM_THREADS, which Triton sets)."""
+    supported = set(core.get_property("CPU", "SUPPORTED_PROPERTIES"))
+    for key in sorted(set(properties) - supported):
+        logger.warning("model '%s': this OpenVINO's CPU plugin does not support %s; ignored",
+                       model, key)
+    return {key: value for key, value in properties.items() if key in supported}
+
+
 class OpenvinoBackend:
     def __init__(self) -> None:
         self._name = ""
@@ -53,6 +63,8 @@ class OpenvinoBackend:
         self._outputs: list[IoSpec] = []
         self._options = OpenvinoOptions()
         self._runner: OvRun | None = None
+        # what OpenVINO compiled with (NUM_STREAMS, INFERENCE_NUM_THREADS, PERFORMANCE_HINT)
+        self.compiled_properties: dict[str, str] = {}
 
     # ------------------------------------------------------------------ load
 
@@ -89,16 +101,21 @@ class OpenvinoBackend:
                               f"'{filename}': {openvino_message(exc, path)}") from None
         model = prepare_model(ov, model, ctx.model_name, self._inputs, self._outputs,
                               self._max_batch, self._options)
+        try:  # on the core's CPU device, as Triton sets them
+            core.set_property("CPU", supported_properties(core, self._options.compile_properties,
+                                                          ctx.model_name))
+        except Exception as exc:
+            raise invalid_arg(f"model '{ctx.model_name}': invalid OpenVINO parameters: "
+                              f"{openvino_message(exc)}") from None
         try:
-            compiled = core.compile_model(model, "CPU", self._options.compile_properties)
+            compiled = core.compile_model(model, "CPU")
         except Exception as exc:
             raise invalid_arg(f"model '{ctx.model_name}': cannot compile the model for the "
                               f"CPU: {openvino_message(exc, path)}") from None
         self._runner = OvRun(ov, compiled.create_infer_request(), lend=ctx.lend_output)
-        logger.info("openvino instance '%s': %s streams, %s inference thread(s), hint %s",
-                    self._name, compiled.get_property("NUM_STREAMS"),
-                    compiled.get_property("INFERENCE_NUM_THREADS"),
-                    compiled.get_property("PERFORMANCE_HINT"))
+        self.compiled_properties = {key: str(compiled.get_property(key)) for key in
+                                    ("NUM_STREAMS", "INFERENCE_NUM_THREADS", "PERFORMANCE_HINT")}
+        logger.info("openvino instance '%s': %s", self._name, self.compiled_properties)
 
     # ------------------------------------------------------------------ execute
 

@@ -12,7 +12,8 @@ upper-case keys; values compared without case):
   them on (anything else is off, as in Triton); see ``model_setup`` and ``backend``.
 
 A bad value fails the load with INVALID_ARG and Triton's message. Other keys are ignored, as
-Triton ignores them.
+Triton ignores them. A property the installed CPU plugin does not support (OpenVINO 2025+ has
+no ``COMPILATION_NUM_THREADS`` on the CPU) is logged and ignored at load.
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ _PERFORMANCE_HINTS = ("latency", "throughput", "cumulative_throughput")
 
 @dataclass(frozen=True)
 class OpenvinoOptions:
-    """``compile_properties`` go to ``Core.compile_model`` (OpenVINO property names and
-    values); the flags steer the backend."""
+    """``compile_properties`` are set on the core's CPU device before the model is compiled
+    (OpenVINO property names and values); the flags steer the backend."""
 
     compile_properties: dict[str, Any] = field(default_factory=dict)
     cpu_extension_path: str = ""
