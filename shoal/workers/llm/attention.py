@@ -50,14 +50,18 @@ class AttentionBatch:
     prefill_spans: list[tuple[int, int]]  # packed [start, end) of context spans
     decode_rows: torch.Tensor  # [Bd] packed index of each decode token
     decode_blocks: torch.Tensor  # [Bd, NB] block table of each decode row (padded with 0)
-    decode_mask: torch.Tensor | None  # [Bd, 1, 1, NB * tokens_per_block] True = attend;
-    # None when no row is padded
+    decode_mask: torch.Tensor | None  # [Bd, 1, 1, NB * tokens_per_block] additive, in the
+    # model's dtype: 0 = attend, -inf = padding; None when no row is padded. (SDPA's CPU kernel
+    # turns a boolean mask into this itself on every call, at ~40% of a decode row's attention;
+    # the result is bitwise the same.)
     tokens_per_block: int
     extend_spans: list[ExtendSpan] = field(default_factory=list)
 
 
 def build_attention_batch(spans: list[SequenceSpan], blocks: BlockManager,
-                          device: torch.device | str) -> AttentionBatch:
+                          device: torch.device | str,
+                          dtype: torch.dtype = torch.float32) -> AttentionBatch:
+    """``dtype``: the model's (queries', keys') dtype, that of the additive decode mask."""
     slot_mapping: list[int] = []
     prefill: list[tuple[int, int]] = []
     decode_rows: list[int] = []
@@ -80,7 +84,9 @@ def build_attention_batch(spans: list[SequenceSpan], blocks: BlockManager,
     if any(length != width * size for length in decode_lengths):
         lengths = torch.tensor(decode_lengths, device=device)
         keys = torch.arange(width * size, device=device)
-        mask = (keys[None, :] < lengths[:, None])[:, None, None, :]
+        padding = (keys[None, :] >= lengths[:, None])[:, None, None, :]
+        mask = torch.zeros(padding.shape, dtype=dtype, device=device).masked_fill_(
+            padding, float("-inf"))
     padded = [t + [0] * (width - len(t)) for t in decode_tables]
     return AttentionBatch(
         slot_mapping=torch.tensor(slot_mapping, dtype=torch.long, device=device),

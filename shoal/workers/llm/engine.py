@@ -167,7 +167,7 @@ class Engine:
 
     def _run_model(self, batch: _Batch) -> torch.Tensor:
         device = self.kv.storage.device
-        attention = build_attention_batch(batch.spans, self.blocks, device)
+        attention = build_attention_batch(batch.spans, self.blocks, device, self.model.dtype)
         with torch.inference_mode():
             logits = self.model.forward(
                 torch.tensor(batch.token_ids, dtype=torch.long, device=device),
