@@ -28,6 +28,7 @@ from shoal.broker.llm_stats import sum_llm_stats
 from shoal.broker.model_runtime import InstanceSlot, ModelVersionRuntime, build_runtime
 from shoal.broker.pool import WorkerState
 from shoal.broker.repository import ModelSource, discover_models, load_model_source
+from shoal.broker.thread_policy import intra_op_share, read_cpu_budget
 from shoal.errors import ShoalError, invalid_arg
 from shoal.load_overrides import (
     check_load_parameters,
@@ -52,6 +53,9 @@ from shoal.workers.devices import visible_gpu_count
 logger = logging.getLogger(__name__)
 
 _AUTOCOMPLETE_TIMEOUT_S = 60.0
+# Backends that apply the thread policy's count (WorkerSpec.intra_op_threads); the python backend
+# only when the model file imports torch. Others get the field too but keep their own defaults.
+_THREAD_POLICY_BACKENDS = frozenset({"pytorch", "onnxruntime", "python", "llm"})
 
 
 def python_auto_complete(model_dir: str, config: object) -> object:
@@ -102,6 +106,7 @@ class ModelManager:
         self._serials = itertools.count()  # names each runtime's own shm (state segments)
         self._generation_ids = itertools.count(1)
         self.gpu_count = visible_gpu_count()
+        self.cpu_budget = read_cpu_budget()  # the cores the server may use (thread_policy.py)
 
     def auto_complete(self, model_dir: str, config: ModelConfig) -> ModelConfig:
         """The backend's auto-complete: the onnxruntime backend's from the ONNX graph, else the
@@ -194,6 +199,29 @@ class ModelManager:
             return runtimes[max(runtimes)] if runtimes else None
         return runtimes.get(version)
 
+    def runs_on_cpu(self, slot: InstanceSlot) -> bool:
+        return slot.kind == "CPU" or (slot.kind == "MODEL" and self.gpu_count == 0)
+
+    def cpu_instance_count(self) -> int:
+        """CPU instances of every runtime held (loading, serving, draining); a reload's old and
+        new generation name the same instances, so each (model, version, instance) counts once."""
+        return len({(rt.name, rt.version, slot.instance_name) for rt in self.runtimes()
+                    for slot in rt.instances if self.runs_on_cpu(slot)})
+
+    def intra_op_threads(self, runtime: ModelVersionRuntime, slot: InstanceSlot) -> int:
+        """The thread policy's count for a worker of ``slot`` (0: not a CPU instance); logged
+        once per model version, when its first instance first starts."""
+        if not self.runs_on_cpu(slot):
+            return 0
+        share = intra_op_share(self.cpu_budget, self.settings.http_workers,
+                               self.cpu_instance_count())
+        if (slot is runtime.instances[0] and slot.restarts == 0
+                and runtime.backend in _THREAD_POLICY_BACKENDS):
+            logger.info("model '%s' version %d: default %d intra-op thread(s) per CPU instance "
+                        "unless its config names a count (%s)", runtime.name, runtime.version,
+                        share.threads, share.reason)
+        return share.threads
+
     def worker_spec(self, runtime: ModelVersionRuntime, slot: InstanceSlot, serial: int,
                     endpoint: str) -> WorkerSpec:
         source = runtime.source
@@ -204,7 +232,8 @@ class ModelManager:
             backend=runtime.backend, config_json=runtime.config_json_text,
             instance_name=slot.instance_name, kind=slot.kind, device_id=slot.device_id,
             broker_endpoint=endpoint, arena_prefix=f"{self.settings.segment_prefix}w{serial}-",
-            settings_json=self.settings.to_json().decode())
+            settings_json=self.settings.to_json().decode(),
+            intra_op_threads=self.intra_op_threads(runtime, slot))
 
     def load_failures(self) -> list[str]:
         messages = [f"<repository>: {self.repository_failure}"] if self.repository_failure else []

@@ -190,3 +190,6 @@ class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
     broker_endpoint: str
     arena_prefix: str
     settings_json: str
+    # The server's default intra-op thread count for this CPU instance (broker/thread_policy.py);
+    # 0: none (accelerator instances). Backends apply it unless the model names a count.
+    intra_op_threads: int = 0

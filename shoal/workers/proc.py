@@ -144,6 +144,7 @@ class WorkerProc:
             backend_settings=backend_settings, send_response=responses,
             is_cancelled=self.cancelled.__contains__, bls=self.bls,
             lend_output=None if self.decoupled else self._lend_output,
+            default_intra_op_threads=self.spec.intra_op_threads,
         )
         backend = create_backend(self.spec.backend, self.spec.model_dir, self.spec.version_dir,
                                  self.settings.backend_directory)

@@ -157,6 +157,13 @@ def test_default_threads_share_the_cpus_among_the_models_instances() -> None:
     assert session_setup.session_options(ort, four, settings).intra_op_num_threads == 5
 
 
+def test_the_thread_policy_count_applies_unless_the_model_names_one() -> None:
+    four = config('instance_group [ { kind: KIND_CPU count: 4 } ]')
+    assert session_setup.session_options(ort, four, {}, 3).intra_op_num_threads == 3
+    named = {"intra_op_thread_count": "5"}
+    assert session_setup.session_options(ort, four, named, 3).intra_op_num_threads == 5
+
+
 def test_bad_execution_mode_is_refused() -> None:
     with pytest.raises(ShoalError, match="execution_mode are 0 or 1 but got 2"):
         session_setup.session_options(

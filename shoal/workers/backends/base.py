@@ -72,6 +72,10 @@ class InstanceContext:
     # it is instead of copying it; ``workers/output_lending.py``). None outside a batch
     # (warmup) or when the worker has no arena to lend.
     lend_output: Callable[[int], memoryview | None] | None = None
+    # The server's thread policy for this CPU instance (broker/thread_policy.py): the intra-op
+    # threads to use when neither the model's parameters nor --backend-config name a count.
+    # 0: no policy (accelerator instances): the backend keeps its own default.
+    default_intra_op_threads: int = 0
 
 
 @dataclass

@@ -42,6 +42,13 @@ def test_default_is_one_thread_on_two_cores(monkeypatch: pytest.MonkeyPatch) -> 
     assert thread_count({}, {}, ONE_CPU, "cpu") == 1
 
 
+def test_the_servers_thread_policy_replaces_the_per_model_default() -> None:
+    assert thread_count({}, {}, ONE_CPU, "cpu", policy=3) == 3
+    assert thread_count({"INTRA_OP_THREAD_COUNT": "2"}, {}, ONE_CPU, "cpu", policy=3) == 2
+    gpu = config("instance_group [ { count: 1 kind: KIND_GPU } ]")
+    assert thread_count({}, {}, gpu, "cuda:0", policy=3) == 1
+
+
 def test_accelerator_instance_keeps_one_host_thread() -> None:
     gpu = config("instance_group [ { count: 1 kind: KIND_GPU } ]")
     assert thread_count({}, {}, gpu, "cuda:0") == 1

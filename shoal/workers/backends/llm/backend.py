@@ -115,7 +115,8 @@ class LlmBackend:
             raise invalid_arg("llm backend: the worker gave no response sink")
         settings = read_settings(model_parameters(config), ctx.model_dir, ctx.device,
                                  ctx.backend_settings)
-        configure_threads(model_parameters(config), ctx.backend_settings, config, ctx.device)
+        configure_threads(model_parameters(config), ctx.backend_settings, config, ctx.device,
+                          ctx.default_intra_op_threads)
         guided = guided_decoding_config(model_parameters(config), settings.checkpoint_dir,
                                         read_model_spec(settings.checkpoint_dir).eos_token_id)
         processors = load_logits_post_processors(model_parameters(config), ctx.model_dir)

@@ -93,7 +93,8 @@ class OnnxruntimeBackend:
         if path is None:
             raise invalid_arg(f"model '{ctx.model_name}' version {ctx.model_version}: model "
                               f"file '{filename}' not found")
-        options = session_options(ort, config, ctx.backend_settings)
+        options = session_options(ort, config, ctx.backend_settings,
+                                  ctx.default_intra_op_threads)
         providers = execution_providers(ort, config, ctx.kind, ctx.device, ctx.device_id)
         try:
             session = ort.InferenceSession(path, sess_options=options,

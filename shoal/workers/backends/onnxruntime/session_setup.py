@@ -11,10 +11,12 @@ starting with ``session.`` is passed as a session config entry (Triton passes
 anything else all optimizations (Triton's mapping).
 
 Threads: without ``intra_op_thread_count`` (or ``--backend-config=onnxruntime,
-intra_op_thread_count=N``) each instance gets an equal share of the CPUs this process may run
-on among the model's CPU instances (at least 1), so the default two instances of an ONNX model
-do not each start a pool as large as the machine. ``inter_op_thread_count`` defaults to 1
-(it only matters in parallel execution mode).
+intra_op_thread_count=N``) a CPU instance gets the server's thread policy
+(``shoal/broker/thread_policy.py``: the cores left after the frontends and the broker, shared
+among every model's CPU instances, at least 1); an instance without one (GPU) gets an equal
+share of the CPUs this process may run on among the model's CPU instances (at least 1), so the
+default two instances of an ONNX model do not each start a pool as large as the machine.
+``inter_op_thread_count`` defaults to 1 (it only matters in parallel execution mode).
 
 Providers: ``CPUExecutionProvider`` always, last. A KIND_GPU instance adds
 ``CUDAExecutionProvider`` on its device (or ``CANNExecutionProvider`` on an ``npu:N`` device).
@@ -58,8 +60,10 @@ def config_parameters(config: Any) -> dict[str, str]:
     return {key: value.string_value for key, value in config.parameters.items()}
 
 
-def session_options(ort: Any, config: Any, backend_settings: Mapping[str, str]) -> Any:
-    """``ort.SessionOptions`` for one instance of the model (see the module docstring)."""
+def session_options(ort: Any, config: Any, backend_settings: Mapping[str, str],
+                    default_intra: int = 0) -> Any:
+    """``ort.SessionOptions`` for one instance of the model (see the module docstring);
+    ``default_intra`` is the thread policy's count (0: none)."""
     params = config_parameters(config)
     options = ort.SessionOptions()
     level = int(config.optimization.graph.level) if config.optimization.HasField("graph") else 0
@@ -72,7 +76,9 @@ def session_options(ort: Any, config: Any, backend_settings: Mapping[str, str]) 
     options.execution_mode = (ort.ExecutionMode.ORT_SEQUENTIAL if mode == 0
                               else ort.ExecutionMode.ORT_PARALLEL)
     intra = _thread_count(params, backend_settings, "intra_op_thread_count")
-    options.intra_op_num_threads = intra if intra > 0 else default_intra_threads(config)
+    if intra <= 0:
+        intra = default_intra if default_intra > 0 else default_intra_threads(config)
+    options.intra_op_num_threads = intra
     inter = _thread_count(params, backend_settings, "inter_op_thread_count")
     options.inter_op_num_threads = inter if inter > 0 else 1
     if "enable_mem_arena" in params:

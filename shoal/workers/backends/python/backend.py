@@ -26,6 +26,7 @@ import asyncio
 import json
 import logging
 import os
+import sys
 import threading
 from collections.abc import Coroutine
 from typing import Any
@@ -45,6 +46,7 @@ from shoal.workers.backends.python import pb_bls, pb_utils
 from shoal.workers.backends.python.loader import import_model_file
 from shoal.workers.backends.python.pb_request import InferenceRequest, InferenceResponse
 from shoal.workers.backends.python.pb_tensor import TRITON_TO_WIRE, Tensor, host_array
+from shoal.workers.backends.torch_threads import apply_intra_op_threads
 
 logger = logging.getLogger(__name__)
 
@@ -93,6 +95,7 @@ class PythonBackend:
             raise ShoalError(ErrorCode.INVALID_ARG,
                              f"python model '{ctx.model_name}' does not implement `execute`")
         pb_bls.attach(ctx.bls)
+        _apply_thread_policy(ctx)  # before initialize: the model may set its own count there
         initialize = getattr(self._model, "initialize", None)
         if initialize is not None:
             self._await_if_needed(initialize(_initialize_args(ctx)))
@@ -252,6 +255,20 @@ class _AsyncRunner:
             self._loop.close()
         self._loop = None
         self._thread = None
+
+
+def _apply_thread_policy(ctx: InstanceContext) -> None:
+    """A model file that imported torch gets torch's intra-op threads as a pytorch model would
+    (``torch_threads.py``: its INTRA_OP_THREAD_COUNT parameter, else the server's policy); one
+    that did not is left alone (importing torch here would cost every python model ~1 s)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return
+    params = {key: value.string_value for key, value in ctx.config.parameters.items()}
+    threads = apply_intra_op_threads(torch, params, ctx.backend_settings,
+                                     ctx.default_intra_op_threads)
+    logger.info("python instance '%s' (imports torch): %d intra-op thread(s)",
+                ctx.instance_name, threads)
 
 
 def _initialize_args(ctx: InstanceContext) -> dict[str, str]:

@@ -30,7 +30,9 @@ mask; a ``batch_output`` target is cut per request by the shape of its source in
 
 Settings: config parameters ``INTRA_OP_THREAD_COUNT`` / ``INTER_OP_THREAD_COUNT`` /
 ``INFERENCE_MODE`` / ``DISABLE_OPTIMIZED_EXECUTION`` (as in Triton), backend settings
-``intra-op-thread-count``, ``inter-op-thread-count`` and ``workspace-bytes``.
+``intra-op-thread-count``, ``inter-op-thread-count`` and ``workspace-bytes``. Without an
+intra-op count a CPU instance gets the server's thread policy (``ctx.default_intra_op_threads``,
+``shoal/broker/thread_policy.py``); a count of 0 keeps torch's own default (all cores).
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ from shoal.workers.backends.pytorch.program import (
     static_batch_inputs,
 )
 from shoal.workers.backends.pytorch.sequence_io import sequence_tensors
+from shoal.workers.backends.torch_threads import apply_intra_op_threads
 from shoal.workers.backends.torchscript_io import (
     IoSpec,
     flatten_outputs,
@@ -117,6 +120,9 @@ class PytorchBackend:
         self._input_names = ([spec.name for spec in self._inputs + self._sequence_inputs]
                              + self._ragged.extra_input_names)
         params = {key: value.string_value for key, value in config.parameters.items()}
+        threads = apply_intra_op_threads(torch, params, ctx.backend_settings,
+                                         ctx.default_intra_op_threads)
+        logger.info("pytorch instance '%s': %d intra-op thread(s)", ctx.instance_name, threads)
         _configure_torch(torch, params, ctx.backend_settings)
         filename = _model_filename(ctx.version_dir, config.default_model_filename)
         path = os.path.join(ctx.version_dir, filename)
@@ -381,9 +387,6 @@ def _check_supported(config: Any, model_name: str) -> None:
 
 
 def _configure_torch(torch: Any, params: dict[str, str], settings: dict[str, str]) -> None:
-    intra = params.get("INTRA_OP_THREAD_COUNT") or settings.get("intra-op-thread-count")
-    if intra and _non_negative_int(intra, "intra-op-thread-count") > 0:
-        torch.set_num_threads(int(intra))
     inter = params.get("INTER_OP_THREAD_COUNT") or settings.get("inter-op-thread-count")
     if inter and _non_negative_int(inter, "inter-op-thread-count") > 0:
         try:
