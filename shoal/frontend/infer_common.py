@@ -15,11 +15,12 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Final, TypeVar
 
 from shoal.messages import InferRequest, ModelVersionInfo, RequestedOutput, TensorRef
 
 _Item = TypeVar("_Item")
+IN_PLACE_ALIGNMENT: Final = 64  # an input referenced inside a body slot starts this aligned
 
 if TYPE_CHECKING:
     from shoal.frontend.dataplane import DataPlane
@@ -27,6 +28,16 @@ if TYPE_CHECKING:
     from shoal.frontend.http.validation import InferPlan
     from shoal.shm.arena import Slot
     from shoal.trace.record import RequestTrace
+
+
+@dataclass(frozen=True, slots=True)
+class BodySlot:
+    """An HTTP body read straight into an arena slot: body byte ``i`` is at
+    ``slot.view[start + i]``. Binary inputs that start 64-byte aligned in the slot are referenced
+    in place (no copy); ``start`` pads the body so the binary part begins aligned."""
+
+    slot: Slot
+    start: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,18 +52,20 @@ def prepare_request(
     plan: InferPlan,
     model: ModelVersionInfo,
     trace: RequestTrace | None = None,
+    body: BodySlot | None = None,
 ) -> PreparedRequest:
     """Place the inputs (one arena slot each, or a reference into a client region for an input
     with ``shm``) and build the InferRequest (outputs with ``shm`` get the region as target).
     Raises ShoalError (arena full: UNAVAILABLE; bad region reference: from the registry) after
     undoing everything it did. A ``trace`` marks the request traced and is stamped
-    REQUEST_START (the request is ready to leave)."""
+    REQUEST_START (the request is ready to leave). ``body``: the request body lies in this
+    slot (the caller's until now; from the call on it is one of the request's slots)."""
     request_id = dataplane.next_request_id()
     uses_shm = any(t.shm is not None for t in decoded.inputs) or any(
         o.shm is not None for o in plan.outputs)
-    slots: list[Slot] = []
+    slots: list[Slot] = [] if body is None else [body.slot]
     try:
-        refs = _place_inputs(dataplane, decoded.inputs, request_id, slots)
+        refs = _place_inputs(dataplane, decoded.inputs, request_id, slots, body)
         outputs = _requested_outputs(dataplane, plan, request_id)
     except BaseException:
         for slot in slots:
@@ -85,9 +98,11 @@ def _place_inputs(
     inputs: list[DecodedInput],
     request_id: int,
     slots: list[Slot],
+    body: BodySlot | None = None,
 ) -> list[TensorRef]:
-    """One copy into a fresh slot per input (appended to ``slots`` as allocated), or the
-    registry's reference for an input in client shared memory (no copy)."""
+    """One copy into a fresh slot per input (appended to ``slots`` as allocated), the
+    registry's reference for an input in client shared memory (no copy), or a reference into
+    the body's slot for an aligned binary input of a body read into the arena (no copy)."""
     refs: list[TensorRef] = []
     for tensor in inputs:
         shm = tensor.shm
@@ -96,6 +111,12 @@ def _place_inputs(
                 request_id, shm.region, shm.offset, shm.byte_size, tensor.name,
                 tensor.datatype, tensor.shape))
             continue
+        if body is not None and tensor.body_offset >= 0:
+            offset = body.slot.offset + body.start + tensor.body_offset
+            if offset % IN_PLACE_ALIGNMENT == 0:
+                refs.append(TensorRef(tensor.name, tensor.datatype, tensor.shape,
+                                      body.slot.region, offset, len(tensor.data)))
+                continue
         slot = dataplane.allocate(len(tensor.data))
         slots.append(slot)
         if slot.nbytes:

@@ -295,7 +295,8 @@ def create_app(
     ``log_settings`` are shared with the process's other endpoints. Every route gets the gate of
     its category from ``--http-restricted-api`` (TypeError for a route without a category)."""
     api = HttpApi(dataplane, settings, log_settings)
-    infer = guarded(InferHandler(dataplane, settings.http_max_input_size))
+    infer_handler = InferHandler(dataplane, settings.http_max_input_size)
+    infer = guarded(infer_handler)
     tracer = tracer or Tracer(TraceConfig.from_triples(settings.trace_config))
     routes = [*extra_routes, *_routes(api, infer),
               *TraceApi(dataplane, tracer, settings.http_max_input_size).routes(guarded)]
@@ -307,6 +308,7 @@ def create_app(
     app.router.redirect_slashes = False  # Triton: "/v2/" is not "/v2"
     app.state.api = api
     app.state.infer = infer
+    app.state.infer_handler = infer_handler
     app.state.tracer = tracer
     app.state.infer_route = next(r for r in routes
                                  if isinstance(r, ApiRoute) and r.path == INFER_ROUTE)
@@ -317,9 +319,15 @@ def create_asgi_app(dataplane: DataPlane, settings: Settings,
                     log_settings: ProcessLogSettings | None = None,
                     tracer: Tracer | None = None) -> ASGIApp:
     """What the frontend serves: the app behind the infer fast path (same endpoints), which
-    samples requests for tracing."""
+    samples requests for tracing. Served by uvicorn with ``GuardedHttpProtocol``, its
+    ``lean_infer`` lets the protocol answer infer requests itself (``http/lean.py``)."""
     from shoal.frontend.http.fastpath import InferFastPath
+    from shoal.frontend.http.lean import LeanInfer
 
     app = create_app(dataplane, settings, log_settings=log_settings, tracer=tracer)
-    return InferFastPath(app, app.state.infer, settings.http_max_input_size,
+    fast = InferFastPath(app, app.state.infer, settings.http_max_input_size,
                          app.state.infer_route.gate, app.state.tracer)
+    fast.lean_infer = LeanInfer(app.state.infer_handler, dataplane,
+                                settings.http_max_input_size, app.state.infer_route.gate,
+                                app.state.tracer)
+    return fast

@@ -44,6 +44,7 @@ class DecodedInput:
     data: memoryview  # flat 'B' view, the exact shared-memory bytes (empty when ``shm`` is set)
     element_count: int
     shm: SharedMemorySlice | None = None  # the bytes live in a client region instead
+    body_offset: int = -1  # a binary input: where ``data`` starts in the request body
 
 
 @dataclass(slots=True)
@@ -110,7 +111,8 @@ def decode_infer_request(
         raise invalid_arg("Unable to parse 'id': expected a string")
     request.client_id = request_id
     decode_request_parameters(document.get("parameters"), request)
-    request.inputs = _decode_inputs(document.get("inputs"), binary, model.name, max_input_bytes)
+    request.inputs = _decode_inputs(document.get("inputs"), binary, model.name, max_input_bytes,
+                                    len(header))
     request.outputs = _decode_outputs(document.get("outputs"))
     return request
 
@@ -220,8 +222,10 @@ def _custom_parameter(key: str, value: Any) -> ParamValue:
 
 
 def _decode_inputs(
-    items: Any, binary: memoryview, model_name: str, max_input_bytes: int
+    items: Any, binary: memoryview, model_name: str, max_input_bytes: int,
+    binary_start: int = 0,
 ) -> list[DecodedInput]:
+    """``binary_start``: where ``binary`` begins in the body (for ``DecodedInput.body_offset``)."""
     if not isinstance(items, list):
         raise invalid_arg("Unable to parse 'inputs': expected a JSON array")
     decoded: list[DecodedInput] = []
@@ -258,13 +262,15 @@ def _decode_inputs(
                     f"additional bytes for model '{model_name}'"
                 )
             data = binary[offset:offset + size]
+            body_offset = binary_start + offset
             offset += size
         else:
             data = json_tensor_bytes(item["data"], datatype, count, name)
+            body_offset = -1
         total_bytes += declared if datatype != "BYTES" else len(data)
         if total_bytes > max_input_bytes:
             raise _tensor_limit_error(total_bytes, max_input_bytes, name)
-        decoded.append(DecodedInput(name, datatype, shape, data, count))
+        decoded.append(DecodedInput(name, datatype, shape, data, count, None, body_offset))
     if offset != len(binary):
         raise invalid_arg(f"unexpected additional input data for model '{model_name}'")
     return decoded

@@ -1,5 +1,7 @@
 """A plain-ASGI front for the HTTP app: ``POST .../infer`` goes straight to the infer endpoint,
-everything else to the Starlette app.
+everything else to the Starlette app. In the server, infer requests do not reach it: the
+connection's protocol serves them (``lean.py``, through ``lean_infer``); this path serves them
+under any other ASGI server (the in-process test clients) with the same handler.
 
 The infer route is the hot path; Starlette's middleware stack and router cost more per request
 than the rest of the frontend's Python work for a small model (profiled: bench/RESULTS.md). The
@@ -40,6 +42,7 @@ from shoal.trace.record import (
 )
 
 if TYPE_CHECKING:
+    from shoal.frontend.http.lean import LeanInfer
     from shoal.trace.sampling import Tracer
 
 INFER_PATH: Final = re.compile(r"^/v2/models/([^/]+)(?:/versions/([0-9]+))?/infer$")
@@ -56,6 +59,9 @@ class InferFastPath:
         self._max_body = max_body
         self._gate = gate
         self._tracer = tracer
+        # set by ``create_asgi_app``: the protocol serves infer itself (``lean.py``); this ASGI
+        # path then serves infer only for servers without ``GuardedHttpProtocol`` (tests)
+        self.lean_infer: LeanInfer | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":

@@ -1,5 +1,7 @@
 """uvicorn's httptools protocol with the limits uvicorn lacks: header and body read timeouts, a
 connection cap that still answers health checks, and the body size limit from the headers.
+When the app offers ``lean_infer`` (``fastpath.InferFastPath`` does), infer requests are served
+by the protocol itself after these checks (``lean.py``); every other request by the ASGI app.
 
 One ``GuardedHttpProtocol`` runs per connection, on the event loop (single-threaded). uvicorn
 knows only the keep-alive idle timeout (``--http-idle-timeout-secs``, armed after a response);
@@ -48,6 +50,7 @@ from uvicorn.server import ServerState
 
 from shoal.frontend.http.compression import size_limit_error
 from shoal.frontend.http.errors import error_body
+from shoal.frontend.http.lean import LeanInfer, LeanInferCycle
 from shoal.frontend.limits import RateLimitedWarning
 
 logger = logging.getLogger(__name__)
@@ -121,6 +124,9 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._deadline = 0.0
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
+        # an app that offers ``lean_infer`` has its infer route served here (``lean.py``)
+        self._lean: LeanInfer | None = getattr(config.app, "lean_infer", None)
+        self._lean_cycle: LeanInferCycle | None = None  # the lean request whose body is read
 
     # ------------------------------------------------------------------ connection
 
@@ -195,6 +201,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._phase = BODY
         self._body_bytes = 0
         self._set_deadline(self._body_timeout_s)
+        lean = self._lean
+        lean_cycle = self._lean_cycle = None if lean is None else lean.begin(self)
+        if lean_cycle is not None:
+            return
         HttpToolsProtocol.on_headers_complete(self)
         if self._admission == OVER_CAP and self.cycle is not None:
             self.cycle.keep_alive = False  # one health check per over-cap connection
@@ -208,12 +218,18 @@ class GuardedHttpProtocol(HttpToolsProtocol):
                               linger=True)
             return
         self._deadline = self.loop.time() + self._body_timeout_s  # progress
+        if self._lean_cycle is not None:
+            self._lean_cycle.feed(body)
+            return
         HttpToolsProtocol.on_body(self, body)
 
     def on_message_complete(self) -> None:
         if self._phase == ENDED:
             return
         self._phase = IDLE
+        if self._lean_cycle is not None:
+            self._lean_cycle.body_complete()
+            return
         HttpToolsProtocol.on_message_complete(self)
 
     # ------------------------------------------------------------------ deadlines

@@ -16,6 +16,7 @@ broker's stamps and REQUEST_END with the answer, and (level TENSORS) copies of i
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Final
 
 from starlette.requests import Request
@@ -26,8 +27,8 @@ from shoal.frontend.http import compression
 from shoal.frontend.http.codec import DecodedRequest, decode_infer_request
 from shoal.frontend.http.response import encode_infer_response
 from shoal.frontend.http.validation import InferPlan, validate_request
-from shoal.frontend.infer_common import prepare_request
-from shoal.messages import ModelVersionInfo
+from shoal.frontend.infer_common import BodySlot, prepare_request
+from shoal.messages import Lease, ModelVersionInfo
 
 if TYPE_CHECKING:
     from shoal.frontend.dataplane import DataPlane
@@ -37,6 +38,9 @@ logger = logging.getLogger(__name__)
 
 HEADER_LENGTH: Final = "inference-header-content-length"
 TRACE_SCOPE_KEY: Final = "shoal.trace"  # the request's RequestTrace, when it is traced
+# an answer at least this long whose body came in an arena slot is sent from the worker's
+# memory (no join); smaller ones are joined, so the lease goes back before the write
+ZERO_COPY_MIN_BYTES: Final = 1 << 20
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -65,39 +69,64 @@ class InferHandler:
 
     async def __call__(self, request: Request) -> Response:
         version = request.path_params.get("version")
-        model = self._dataplane.model(
-            request.path_params["model"], None if version is None else str(version)
-        )
+        model = self.resolve(request.path_params["model"],
+                             None if version is None else str(version))
+        encoding = compression.request_encoding(request.headers.get("content-encoding"))
+        body = await read_body(request, self._limit)
+        reply = await self.answer(model, body, encoding, request.headers,
+                                  request.scope.get(TRACE_SCOPE_KEY))
+        return Response(reply.joined(), 200, reply.headers)
+
+    def resolve(self, name: str, version: str | None) -> ModelVersionInfo:
+        """The model the URL names; HTTP refuses decoupled models (Triton's message)."""
+        model = self._dataplane.model(name, version)
         if model.decoupled:
             raise unsupported(
                 "HTTP end point doesn't support models with decoupled transaction policy"
             )
-        encoding = compression.request_encoding(request.headers.get("content-encoding"))
-        body = await read_body(request, self._limit)
-        if encoding is not None:
-            body = compression.decompress(body, encoding, self._limit)
-        decoded = decode_infer_request(body, request.headers.get(HEADER_LENGTH), model,
-                                       self._limit)
-        plan = validate_request(decoded, model)
-        content, headers = await self._run(decoded, plan, model,
-                                           request.scope.get(TRACE_SCOPE_KEY))
-        reply_encoding = compression.response_encoding(request.headers.get("accept-encoding"))
+        return model
+
+    async def answer(
+        self, model: ModelVersionInfo, body: bytes | bytearray | memoryview,
+        encoding: compression.Encoding | None, headers: Mapping[str, str],
+        trace: RequestTrace | None = None, body_slot: BodySlot | None = None,
+    ) -> InferReply:
+        """Serve one infer request whose whole body is read: decompress, decode, validate, run,
+        encode (compressed when ``Accept-Encoding`` asks). ``headers`` are looked up by lower-case
+        name. ``body_slot``: the body already lies in this arena slot (``body`` is its view);
+        it is ours from the call on (freed here on a failure, else with the request)."""
+        try:
+            if encoding is not None:
+                body = compression.decompress(body, encoding, self._limit)
+            decoded = decode_infer_request(body, headers.get(HEADER_LENGTH.lower()), model,
+                                           self._limit)
+            plan = validate_request(decoded, model)
+        except BaseException:
+            if body_slot is not None:
+                self._dataplane.free(body_slot.slot)
+            raise
+        reply = await self._run(decoded, plan, model, trace, body_slot,
+                                zero_copy=encoding is None and body_slot is not None)
+        reply_encoding = compression.response_encoding(headers.get("accept-encoding"))
         if reply_encoding is not None:
-            content = compression.compress(content, reply_encoding)
-            headers["Content-Encoding"] = reply_encoding
-        return Response(content, 200, headers)
+            content = reply.joined()
+            reply.release()
+            reply.parts = [compression.compress(content, reply_encoding)]
+            reply.headers["Content-Encoding"] = reply_encoding
+        return reply
 
     async def _run(
         self, decoded: DecodedRequest, plan: InferPlan, model: ModelVersionInfo,
-        trace: RequestTrace | None = None,
-    ) -> tuple[bytes, dict[str, str]]:
+        trace: RequestTrace | None, body_slot: BodySlot | None, zero_copy: bool,
+    ) -> InferReply:
         dataplane = self._dataplane
-        prepared = prepare_request(dataplane, decoded, plan, model, trace)
+        prepared = prepare_request(dataplane, decoded, plan, model, trace, body_slot)
         if trace is None:
             outcome = await dataplane.infer(prepared.request, prepared.slots)
         else:
             outcome = await dataplane.infer(prepared.request, prepared.slots, trace=trace)
             trace.capture_outputs(outcome.response.outputs, dataplane.output_view)
+        lease = outcome.response.lease
         try:
             encoded = encode_infer_response(
                 outcome.response,
@@ -108,11 +137,49 @@ class InferHandler:
                 batching=outcome.model.max_batch_size > 0,
                 output_view=dataplane.output_view,
             )
-        finally:
-            dataplane.release(outcome.response.lease)
+        except BaseException:
+            dataplane.release(lease)
+            raise
+        reply = InferReply(encoded.parts, encoded.length, dataplane, lease)
+        if not (zero_copy and encoded.length >= ZERO_COPY_MIN_BYTES):
+            reply.parts = [encoded.joined()]  # small: one copy now, the lease goes back at once
+            reply.release()
         if encoded.has_binary:
-            return encoded.body, {
-                "Content-Type": "application/octet-stream",
-                "Inference-Header-Content-Length": str(encoded.json_length),
-            }
-        return encoded.body, {"Content-Type": "application/json"}
+            reply.headers["Content-Type"] = "application/octet-stream"
+            reply.headers["Inference-Header-Content-Length"] = str(encoded.json_length)
+        else:
+            reply.headers["Content-Type"] = "application/json"
+        return reply
+
+
+class InferReply:
+    """An infer answer ready to send: ``parts`` in order (``length`` bytes in all) and its
+    headers. Parts may be views of the worker's output memory: then ``release`` (idempotent)
+    must run once they are written (the lean transport waits for the write to drain); the
+    Starlette route calls ``joined`` and releases at once."""
+
+    __slots__ = ("_dataplane", "_lease", "headers", "parts")
+
+    def __init__(self, parts: list[bytes | memoryview], length: int, dataplane: DataPlane,
+                 lease: Lease | None) -> None:
+        self.parts = parts
+        self.headers: dict[str, str] = {}
+        self._dataplane = dataplane
+        self._lease = lease
+
+    @property
+    def holds_output_memory(self) -> bool:
+        return self._lease is not None
+
+    def joined(self) -> bytes:
+        """The whole body as one bytes (a copy when it has several parts); releases the lease."""
+        parts = self.parts
+        body = parts[0] if len(parts) == 1 and isinstance(parts[0], bytes) else b"".join(parts)
+        self.parts = [body]
+        self.release()
+        return body
+
+    def release(self) -> None:
+        lease, self._lease = self._lease, None
+        if lease is not None:
+            self._dataplane.release(lease)

@@ -7,7 +7,7 @@ sends ``Inference-Header-Content-Length``). Classification outputs become BYTES 
 metadata yet, so none are appended).
 
 Threads: runs on the event loop; the output views must stay valid (lease not yet released)
-until this returns — everything is copied into the returned body.
+until the returned parts are joined or written: binary outputs are not copied here.
 """
 
 from __future__ import annotations
@@ -30,11 +30,25 @@ _LENGTH = struct.Struct("<I")
 _FLOAT_KINDS: Final = "f"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class EncodedResponse:
-    body: bytes
-    json_length: int  # length of the JSON header at the start of ``body``
+    """The body as ``parts``: the JSON header, then each binary output's bytes (views of the
+    output memory, not copied: valid while the lease is held)."""
+
+    parts: list[bytes | memoryview]
+    json_length: int  # length of the JSON header, the first part
     has_binary: bool  # True when binary output bytes follow the header
+    length: int  # bytes in all parts
+
+    @property
+    def body(self) -> bytes:
+        return self.joined()
+
+    def joined(self) -> bytes:
+        """The whole body as one bytes (copies the binary parts out of the output memory)."""
+        if len(self.parts) == 1:
+            return bytes(self.parts[0])
+        return b"".join(self.parts)
 
 
 def encode_infer_response(
@@ -72,8 +86,9 @@ def encode_infer_response(
     document["outputs"] = outputs
     header = orjson.dumps(document, option=orjson.OPT_SERIALIZE_NUMPY)
     if not binary_parts:
-        return EncodedResponse(header, len(header), False)
-    return EncodedResponse(b"".join([header, *binary_parts]), len(header), True)
+        return EncodedResponse([header], len(header), False, len(header))
+    length = len(header) + sum(len(part) for part in binary_parts)
+    return EncodedResponse([header, *binary_parts], len(header), True, length)
 
 
 def _encode_output(
