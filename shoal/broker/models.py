@@ -48,6 +48,7 @@ from shoal.model_config import backend_name, config_from_json
 from shoal.settings import Settings
 from shoal.workers.backends.onnxruntime.autocomplete import onnx_auto_complete
 from shoal.workers.backends.openvino.autocomplete import openvino_auto_complete
+from shoal.workers.backends.tensorflow.autocomplete import tensorflow_auto_complete
 from shoal.workers.devices import visible_gpu_count
 
 logger = logging.getLogger(__name__)
@@ -119,6 +120,10 @@ class ModelManager:
             default_max_batch = int(self.settings.backend_setting(
                 "openvino", "default-max-batch-size", "4"))
             return openvino_auto_complete(model_dir, config, default_max_batch)
+        if backend_name(config) == "tensorflow":  # reads saved_model.pb, without TensorFlow
+            default_max_batch = int(self.settings.backend_setting(
+                "tensorflow", "default-max-batch-size", "4"))
+            return tensorflow_auto_complete(model_dir, config, default_max_batch)
         completed: ModelConfig = python_auto_complete(model_dir, config)  # type: ignore[assignment]
         return completed
 

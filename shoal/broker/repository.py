@@ -36,6 +36,13 @@ _BACKEND_BY_MODEL_FILE: Final = (
     ("model.py", "python"),
 )
 
+# TensorFlow's model files -> platform (Triton checks them first, and sets the platform, since
+# the tensorflow backend serves two; model.savedmodel is a directory)
+_TENSORFLOW_PLATFORM_BY_MODEL_FILE: Final = (
+    ("model.savedmodel", "tensorflow_savedmodel"),
+    ("model.graphdef", "tensorflow_graphdef"),
+)
+
 AutoComplete = Callable[[str, ModelConfig], ModelConfig]
 """(model_dir, partial config) -> completed config; a backend's ``auto_complete_config``."""
 
@@ -183,7 +190,8 @@ def _infer_backend(config: ModelConfig, model_dir: str, versions: Sequence[int],
     """Fill ``config.backend`` from the model files when neither backend nor platform is set
     (Triton's AutoCompleteBackendFields): ``default_model_filename`` if given, else the first
     known model file in a version directory (lowest version first), else a model named
-    ``<model>.<backend>``."""
+    ``<model>.<backend>``. TensorFlow's files come first and set the platform too."""
+    _infer_tensorflow_platform(config, model_dir, versions)
     if config.backend or config.platform:
         return
     by_file = dict(_BACKEND_BY_MODEL_FILE)
@@ -207,6 +215,32 @@ def _infer_backend(config: ModelConfig, model_dir: str, versions: Sequence[int],
             f"set it in {config_source} (e.g. backend: \"python\"), or provide "
             f"<version>/model.py, <version>/model.pt, <version>/model.pt2 or "
             f"<version>/model.onnx")
+
+
+def _infer_tensorflow_platform(config: ModelConfig, model_dir: str,
+                               versions: Sequence[int]) -> None:
+    """Triton's AutoCompleteBackendFields for TensorFlow: with no platform and a backend that is
+    unset or ``tensorflow``, the platform (and backend ``tensorflow``) of
+    ``default_model_filename`` if it is a TensorFlow file name, else of the first version
+    directory holding a ``model.savedmodel`` directory or a ``model.graphdef`` file."""
+    if config.platform or config.backend not in ("", "tensorflow"):
+        return
+    platforms = dict(_TENSORFLOW_PLATFORM_BY_MODEL_FILE)
+    platform = platforms.get(config.default_model_filename, "")
+    for version in versions if not config.default_model_filename else ():
+        version_dir = os.path.join(model_dir, str(version))
+        platform = next((p for f, p in _TENSORFLOW_PLATFORM_BY_MODEL_FILE
+                         if _is_tensorflow_model(os.path.join(version_dir, f), p)), "")
+        if platform:
+            break
+    if platform:
+        config.platform = platform
+        config.backend = "tensorflow"
+
+
+def _is_tensorflow_model(path: str, platform: str) -> bool:
+    """A SavedModel is a directory, a GraphDef a file."""
+    return os.path.isdir(path) if platform == "tensorflow_savedmodel" else os.path.isfile(path)
 
 
 def _is_model_file(path: str, backend: str) -> bool:

@@ -117,7 +117,9 @@ def test_names_that_could_escape_a_directory_are_rejected(dirs: Any) -> None:
 
 
 @pytest.mark.parametrize("name", ["tensorflow", "tensorrt", "dali"])
-def test_tritons_other_backends_are_not_installed_with_a_way_out(dirs: Any, name: str) -> None:
+def test_tritons_other_backends_are_not_installed_with_a_way_out(
+        dirs: Any, name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(registry, "tensorflow_installed", lambda: False)  # as without the extra
     with pytest.raises(ShoalError) as info:
         create(name, dirs)
     assert info.value.code == ErrorCode.UNSUPPORTED

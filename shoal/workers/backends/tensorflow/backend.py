@@ -1,0 +1,211 @@
+"""The ``tensorflow`` backend class (see the package docstring and ``shoal/workers/backends/
+base.py`` for the contract).
+
+Load: ``<version_dir>/<default_model_filename or model.savedmodel>``, a SavedModel directory.
+The signature Triton would serve is read and the config checked against it
+(``signature.py``, ``config_check.py``); then TensorFlow's thread pools are sized
+(``params.thread_counts``; they are per process, and a worker holds one instance) and the
+SavedModel is loaded with ``tf.saved_model.load`` under the graph tag; the signature's
+function is what runs.
+
+Execute: with ``max_batch_size > 0`` the requests of a batch run as one call (each input joined
+along dim 0, zero-copy when the slices are adjacent in shared memory, then handed to
+TensorFlow) and every output is split back by each request's batch size; with
+``max_batch_size == 0`` each request runs alone. Inputs are fed by their signature key
+(``reshape`` applied); BYTES tensors are ``tf.string`` both ways (object arrays of bytes).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Final
+
+import numpy.typing as npt
+
+from shoal.errors import ErrorCode, ShoalError, invalid_arg
+from shoal.messages import Error
+from shoal.workers.backends.base import (
+    BackendRequest,
+    BackendResponse,
+    InstanceContext,
+    OutputTensor,
+)
+from shoal.workers.backends.tensorflow.autocomplete import DEFAULT_MODEL_FILENAME
+from shoal.workers.backends.tensorflow.config_check import check_config
+from shoal.workers.backends.tensorflow.params import tf_parameters, thread_counts
+from shoal.workers.backends.tensorflow.runtime import import_tensorflow
+from shoal.workers.backends.tensorflow.signature import read_signature
+from shoal.workers.backends.torchscript_io import IoSpec, io_spec, reshape_output
+from shoal.workers.batch_assembly import concat_rows, split_rows
+
+logger = logging.getLogger(__name__)
+
+Array = npt.NDArray[Any]
+GRAPHDEF_PLATFORM: Final = "tensorflow_graphdef"
+
+
+class TensorflowBackend:
+    def __init__(self) -> None:
+        self._name = ""
+        self._max_batch = 0
+        self._inputs: list[IoSpec] = []  # config inputs, then sequence controls (no reshape)
+        self._outputs: list[IoSpec] = []
+        self._tf: Any = None
+        self._loaded: Any = None  # keeps the SavedModel's variables alive
+        self._function: Any = None  # the serving signature's concrete function
+        self._device = "/CPU:0"
+
+    # ------------------------------------------------------------------ load
+
+    def load(self, ctx: InstanceContext) -> None:
+        config = ctx.config
+        model = ctx.model_name
+        if config.platform == GRAPHDEF_PLATFORM:
+            raise ShoalError(ErrorCode.UNSUPPORTED,
+                             f"model '{model}': the tensorflow backend serves SavedModels only, "
+                             "not tensorflow_graphdef: save the model with "
+                             "tf.saved_model.save and set platform: \"tensorflow_savedmodel\"")
+        if len(config.batch_input) or (config.HasField("sequence_batching")
+                                       and len(config.sequence_batching.state)):
+            raise ShoalError(ErrorCode.UNSUPPORTED,
+                             f"model '{model}': batch_input and implicit sequence state are not "
+                             "supported by the tensorflow backend")
+        self._name = ctx.instance_name
+        self._max_batch = int(config.max_batch_size)
+        params = tf_parameters(config)
+        filename = config.default_model_filename or DEFAULT_MODEL_FILENAME
+        path = os.path.join(ctx.version_dir, filename)
+        shown = f"{model}/{ctx.model_version}/{filename}"
+        if not os.path.isdir(path):
+            raise invalid_arg(f"unable to find '{shown}' for model instance '{self._name}': a "
+                              "SavedModel directory (saved_model.pb and variables/)")
+        signature = read_signature(path, model, params.graph_tag, params.signature_def)
+        check_config(model, config, signature)
+        self._inputs = [io_spec(io) for io in config.input]
+        controls = sorted({c.name for c in config.sequence_batching.control_input})
+        self._inputs += [IoSpec(name, t.datatype, t.dims, None) for name in controls
+                         for t in signature.inputs if t.name == name]
+        self._outputs = [io_spec(io) for io in config.output]
+
+        tf = self._tf = import_tensorflow()
+        intra, inter = thread_counts(params, config, ctx.backend_settings,
+                                     int(getattr(ctx, "default_intra_op_threads", 0)))
+        _size_thread_pools(tf, intra, inter)
+        self._device = self._device_for(tf, ctx)
+        try:
+            with tf.device(self._device):
+                self._loaded = tf.saved_model.load(path, tags=[params.graph_tag])
+            self._function = self._loaded.signatures[signature.key]
+        except Exception as exc:
+            raise invalid_arg(f"unable to load model '{model}': cannot load SavedModel "
+                              f"'{filename}': {_last_line(exc).replace(path, shown)}") from None
+        logger.info("tensorflow instance '%s': signature '%s' on %s, %d intra-op / %d inter-op "
+                    "thread(s)", self._name, signature.key, self._device, intra, inter)
+
+    @staticmethod
+    def _device_for(tf: Any, ctx: InstanceContext) -> str:
+        if ctx.kind != "GPU":
+            return "/CPU:0"
+        if not tf.config.list_physical_devices("GPU"):
+            raise ShoalError(ErrorCode.UNSUPPORTED,
+                             f"model '{ctx.model_name}': a KIND_GPU instance needs a TensorFlow "
+                             "build that sees a GPU (the installed one sees none; "
+                             "tensorflow-cpu never does)")
+        return f"/GPU:{ctx.device_id}"
+
+    # ------------------------------------------------------------------ execute
+
+    def execute(self, requests: list[BackendRequest]) -> list[BackendResponse | Error | None]:
+        assert self._function is not None, "execute() before load()"
+        results: list[BackendResponse | Error | None] = [
+            self._check_request(request) for request in requests]
+        runnable = [index for index, problem in enumerate(results) if problem is None]
+        groups = [runnable] if self._max_batch > 0 else [[i] for i in runnable]
+        for group in groups:
+            if group:
+                outcome = self._run_group([requests[i] for i in group])
+                for index, result in zip(group, outcome, strict=True):
+                    results[index] = result
+        return results
+
+    def unload(self) -> None:
+        self._function = None
+        self._loaded = None
+
+    def _check_request(self, request: BackendRequest) -> Error | None:
+        for spec in self._inputs:
+            array = request.inputs.get(spec.name)
+            if array is None:
+                return Error(ErrorCode.INVALID_ARG, f"input '{spec.name}' is missing")
+            if self._max_batch > 0 and (array.ndim == 0 or array.shape[0] != request.batch_size):
+                return Error(ErrorCode.INVALID_ARG,
+                             f"input '{spec.name}' has shape {list(array.shape)}, expected "
+                             f"batch dimension {request.batch_size}")
+        return None
+
+    def _run_group(self, batch: list[BackendRequest]) -> list[BackendResponse | Error]:
+        try:
+            return self._run(batch)
+        except ShoalError as exc:
+            return [Error(exc.code, exc.message)] * len(batch)
+        except Exception as exc:
+            logger.exception("tensorflow instance '%s' failed on %d request(s)", self._name,
+                             len(batch))
+            error = Error(ErrorCode.INTERNAL, f"tensorflow execute failure: {_last_line(exc)}")
+            return [error] * len(batch)
+
+    def _run(self, batch: list[BackendRequest]) -> list[BackendResponse | Error]:
+        tf = self._tf
+        batched = self._max_batch > 0
+        sizes = [request.batch_size for request in batch]
+        total = sum(sizes)
+        if batched and total > self._max_batch:
+            raise ShoalError(ErrorCode.INTERNAL, f"batch size {total} for '{self._name}', max "
+                                                 f"allowed is {self._max_batch}")
+        feeds: dict[str, Any] = {}
+        for spec in self._inputs:
+            arrays = [request.inputs[spec.name] for request in batch]
+            joined = concat_rows(arrays) if batched else arrays[0]
+            if spec.reshape is not None:
+                joined = joined.reshape(((total,) if batched else ()) + spec.reshape)
+            feeds[spec.name] = tf.constant(joined, dtype=tf.string if spec.datatype == "BYTES"
+                                           else None)
+        with tf.device(self._device):
+            produced = self._function(**feeds)
+        pieces: dict[str, list[Array]] = {}
+        for spec in self._outputs:
+            array = produced[spec.name].numpy()
+            pieces[spec.name] = self._split(spec, array, sizes)
+        return [BackendResponse(outputs=[OutputTensor(spec.name, spec.datatype,
+                                                      pieces[spec.name][k])
+                                         for spec in self._outputs])
+                for k in range(len(batch))]
+
+    def _split(self, spec: IoSpec, array: Array, sizes: list[int]) -> list[Array]:
+        if self._max_batch == 0:
+            return [reshape_output(spec, array, ())]
+        if array.ndim == 0 or array.shape[0] != sum(sizes):
+            raise ShoalError(ErrorCode.INTERNAL,
+                             f"output '{spec.name}' has shape {list(array.shape)}, expected "
+                             f"batch dimension {sum(sizes)}")
+        return [reshape_output(spec, part, (size,))
+                for part, size in zip(split_rows(array, sizes), sizes, strict=True)]
+
+
+def _size_thread_pools(tf: Any, intra: int, inter: int) -> None:
+    """Set TensorFlow's per-process pools; possible only before its runtime starts, which in a
+    worker (one instance per process) it has not. A process that already runs TensorFlow
+    (a backend loaded in a test process) keeps its pools, and says so."""
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(intra)
+        tf.config.threading.set_inter_op_parallelism_threads(inter)
+    except RuntimeError:
+        logger.warning("TensorFlow already runs in this process: its thread pools stay as they "
+                       "are (%d intra-op / %d inter-op thread(s) not applied)", intra, inter)
+
+
+def _last_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[-1] if lines else type(exc).__name__
+
