@@ -82,6 +82,13 @@ bench-dashboard: setup
 bench-trace: setup
 	$(BIN)/python -m bench.trace_bench $(BENCH_TRACE_ARGS)
 
+# Response cache: req/s, p50/p99 of the example MLP with the cache off and with every request a
+# hit (c = 1, 64), and the cost of a miss and a hit inside the frontend; writes its section of
+# bench/RESULTS.md.
+.PHONY: bench-cache
+bench-cache: setup
+	$(BIN)/python -m bench.response_cache_bench $(BENCH_CACHE_ARGS)
+
 # LLM prefix caching and chunked context: TTFT with a shared 1,000-token system prompt (block
 # reuse off vs on, server and in-process) and ITL of running streams while long prompts arrive
 # (chunked context off vs on); writes its section of bench/RESULTS.md.

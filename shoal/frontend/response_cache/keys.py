@@ -1,8 +1,11 @@
 """The cache key of an inference request: a 256-bit BLAKE2b digest over the model name and
 version, every input's name, datatype, shape and bytes (in the request's order), the requested
-output names with their parameters, and the request's own (custom) parameters. Every piece is
-length-prefixed, so two different requests never frame to the same byte stream; the digest
-makes a collision practically impossible (Triton uses a 64-bit hash).
+output names with their parameters, and the request's own (custom) parameters.
+
+Framing: one msgpack document holds everything but the input bytes, each input's byte count
+included, then the inputs' bytes follow in order; msgpack is self-delimiting and the counts
+fix where each input ends, so two different requests never feed the same byte stream. The
+digest makes a collision practically impossible (Triton uses a 64-bit hash).
 
 The request parameters are part of the key (Triton leaves them out): a model that reads them
 may answer differently, and a wrong answer from the cache is worse than a miss.
@@ -11,53 +14,40 @@ may answer differently, and a wrong answer from the cache is worse than a miss.
 from __future__ import annotations
 
 import hashlib
-import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Final
 
-import orjson
+import msgspec
 
 from shoal.messages import InferRequest, Params, TensorRef
 
-_LENGTH: Final = struct.Struct("<Q")
-_SIGNED: Final = struct.Struct("<q")
 _DIGEST_BYTES: Final = 32
+_ENCODER: Final = msgspec.msgpack.Encoder()
 
 # Where an input's bytes are read from; None when they cannot be read here (a CUDA region):
 # such a request is not cached.
 InputReader = Callable[[TensorRef], "bytes | memoryview | None"]
 
 
-def _params_bytes(parameters: Params) -> bytes:
-    return orjson.dumps(parameters, option=orjson.OPT_SORT_KEYS) if parameters else b""
+def _sorted(parameters: Params) -> list[tuple[str, str | int | float | bool]]:
+    return sorted(parameters.items()) if parameters else []
 
 
 def request_key(request: InferRequest, read_input: InputReader) -> bytes | None:
     """The key of ``request``, or None when an input's bytes cannot be read."""
-    digest = hashlib.blake2b(digest_size=_DIGEST_BYTES)
-
-    def piece(data: bytes | memoryview) -> None:
-        digest.update(_LENGTH.pack(len(data)))
-        digest.update(data)
-
-    piece(request.model.encode())
-    digest.update(_SIGNED.pack(request.version))
-    digest.update(_LENGTH.pack(len(request.inputs)))
+    data: list[bytes | memoryview] = []
     for tensor in request.inputs:
-        data = read_input(tensor)
-        if data is None:
+        found = read_input(tensor)
+        if found is None:
             return None
-        piece(tensor.name.encode())
-        piece(tensor.datatype.encode())
-        piece(_shape_bytes(tensor.shape))
-        piece(data)
-    digest.update(_LENGTH.pack(len(request.outputs)))
-    for output in request.outputs:
-        piece(output.name.encode())
-        piece(_params_bytes(output.parameters))
-    piece(_params_bytes(request.parameters))
+        data.append(found)
+    head = _ENCODER.encode((
+        request.model, request.version,
+        [(t.name, t.datatype, t.shape, len(d)) for t, d in zip(request.inputs, data,
+                                                               strict=True)],
+        [(o.name, _sorted(o.parameters)) for o in request.outputs],
+        _sorted(request.parameters)))
+    digest = hashlib.blake2b(head, digest_size=_DIGEST_BYTES)
+    for each in data:
+        digest.update(each)
     return digest.digest()
-
-
-def _shape_bytes(shape: Sequence[int]) -> bytes:
-    return struct.pack(f"<{len(shape)}q", *shape)
