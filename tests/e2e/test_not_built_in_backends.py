@@ -1,4 +1,4 @@
-"""Models for Triton backends shoal does not ship (TensorFlow, TensorRT, OpenVINO, DALI) fail
+"""Models for Triton backends shoal does not ship (TensorFlow, TensorRT, DALI) fail
 their load with an UNSUPPORTED reason that says how to serve them here, while the other models
 of the repository serve."""
 
@@ -23,7 +23,6 @@ pytestmark = pytest.mark.e2e
 MODELS = {
     "tf_model": ('platform: "tensorflow_savedmodel"', "model.savedmodel"),
     "trt_model": ('platform: "tensorrt_plan"', "model.plan"),
-    "ov_model": ('backend: "openvino"', "model.xml"),
     "dali_model": ('backend: "dali"', "model.dali"),
 }
 
@@ -61,7 +60,7 @@ def test_each_fails_its_load_saying_how_to_serve_it(server: ShoalServer,
                                                     ) -> None:
     index = _index(server)
     for name, backend in (("tf_model", "tensorflow"), ("trt_model", "tensorrt"),
-                          ("ov_model", "openvino"), ("dali_model", "dali")):
+                          ("dali_model", "dali")):
         entry = index[name]
         assert entry["state"] == "UNAVAILABLE", entry
         assert f"backend '{backend}' is not installed" in entry["reason"], entry
