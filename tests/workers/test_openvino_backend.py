@@ -272,3 +272,37 @@ def test_missing_openvino_fails_the_load_naming_the_extra(
     with pytest.raises(ShoalError) as failure:
         OpenvinoBackend().load(ctx)
     assert "pip install 'shoal[openvino]'" in failure.value.message
+
+
+def test_example_openvino_mlp_completes_and_equals_the_onnx_example() -> None:
+    """examples/openvino_repository/mlp_openvino: auto-complete gives INPUT__0 [256] ->
+    OUTPUT__0 [16], and the backend's outputs equal OpenVINO running the ONNX example (the file
+    the IR was built from)."""
+    import json
+
+    from shoal.broker.repository import load_model_source
+    from shoal.model_config import config_to_json
+    from shoal.workers.backends.base import InstanceContext
+    from shoal.workers.backends.openvino.autocomplete import openvino_auto_complete
+
+    examples = pathlib.Path(__file__).resolve().parents[2] / "examples"
+    model_dir = examples / "openvino_repository" / "mlp_openvino"
+    source = load_model_source(
+        "mlp_openvino", str(model_dir), str(model_dir.parent), default_max_batch_size=4,
+        gpu_count=0,
+        auto_complete=lambda directory, partial: openvino_auto_complete(directory, partial, 4))
+    assert [(i.name, list(i.dims)) for i in source.config.input] == [("INPUT__0", [256])]
+    assert [(o.name, list(o.dims)) for o in source.config.output] == [("OUTPUT__0", [16])]
+    assert source.config.max_batch_size == 32
+    backend = OpenvinoBackend()
+    backend.load(InstanceContext(
+        model_name="mlp_openvino", model_version=1, model_dir=str(model_dir),
+        version_dir=str(model_dir / "1"), config=source.config,
+        config_json=json.dumps(config_to_json(source.config)),
+        instance_name="mlp_openvino_0", kind="CPU", device="cpu", device_id=0))
+    x = np.random.default_rng(5).standard_normal((6, 256)).astype(np.float32)
+    got = outputs(backend.execute([make_request(0, {"INPUT__0": x}, batch_size=6)])[0])
+    onnx_model = ov.Core().read_model(str(examples / "onnx_repository" / "mlp_onnx" / "1" /
+                                          "model.onnx"))
+    np.testing.assert_allclose(got["OUTPUT__0"], models.reference(onnx_model, {"INPUT__0": x})[0],
+                               rtol=1e-5, atol=1e-5)
