@@ -138,6 +138,7 @@ def test_openvino_is_built_in_when_its_package_is_installed(
         create("openvino", dirs)
     assert info.value.code == ErrorCode.UNSUPPORTED
     assert info.value.message.startswith("backend 'openvino' is not installed")
+    assert "pip install 'shoal[openvino]'" in info.value.message
 
 
 def test_a_users_own_backend_of_a_tritons_name_wins(dirs: Any) -> None:
