@@ -8,6 +8,7 @@ its request keys.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
@@ -77,6 +78,9 @@ class InstanceSlot:
     rate_needs: InstanceNeeds = field(default_factory=InstanceNeeds)  # --rate-limit: its group's
 
 
+_RUNTIME_GENERATIONS = itertools.count(1)
+
+
 @dataclass
 class ModelVersionRuntime:
     source: ModelSource
@@ -97,6 +101,9 @@ class ModelVersionRuntime:
     ensemble: EnsemblePlan | None = None  # ensembles run no workers of their own
     execution_timeout_s: float = 0.0  # health.py: 0 = no execution deadline
     retiring: bool = False  # its generation drains or failed: no new requests, no restarts
+    # unique per runtime of this broker: a reload's answers never come from the response cache
+    # entries of the runtime it replaced (ModelVersionInfo.generation is part of their key)
+    generation: int = field(default_factory=lambda: next(_RUNTIME_GENERATIONS))
 
     @property
     def name(self) -> str:
@@ -153,7 +160,7 @@ class ModelVersionRuntime:
             platform=platform_name(self.config), max_batch_size=self.max_batch_size,
             inputs=inputs, outputs=outputs, decoupled=is_decoupled(self.config),
             config_json=self.config_json_text.encode(), serving=self.serving(),
-            response_cache=self.config.response_cache.enable)
+            response_cache=self.config.response_cache.enable, generation=self.generation)
 
     def queued(self, key: RequestKey, frontend: bytes, request: InferRequest,
                now: float) -> QueuedRequest:

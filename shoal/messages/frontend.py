@@ -197,6 +197,7 @@ class ModelVersionInfo(msgspec.Struct, frozen=True, array_like=True):
     config_json: bytes
     serving: bool = True  # accepts inference (READY, or an instance restarting with work queued)
     response_cache: bool = False  # config's response_cache.enable (frontend/response_cache/)
+    generation: int = 0  # the broker's runtime of this version: a reload brings a new one
 
 
 class ModelLoadStats(msgspec.Struct, frozen=True, array_like=True):

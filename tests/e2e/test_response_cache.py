@@ -227,6 +227,19 @@ def test_metrics_show_the_cache_figures_per_model(
     assert not any('model="uncached"' in key for key in values)
 
 
+def test_a_reload_does_not_answer_from_the_entries_of_the_model_it_replaced(
+        http: httpclient.InferenceServerClient) -> None:
+    data = _unique()
+    _http_infer(http, "cached", data)
+    _http_infer(http, "cached", data)  # a hit
+    http.load_model("cached")  # a reload: new instances (statistics start afresh)
+    executions, hits, misses = _figures(http, "cached")
+    np.testing.assert_array_equal(_http_infer(http, "cached", data), data)
+    assert _figures(http, "cached") == (executions + 1, hits, misses + 1)
+    np.testing.assert_array_equal(_http_infer(http, "cached", data), data)
+    assert _figures(http, "cached") == (executions + 1, hits + 1, misses + 1)
+
+
 @pytest.mark.parametrize(("model", "message"), [
     ("decoupled_cached", "the response cache does not support decoupled models"),
     ("sequence_cached", "the response cache does not support sequence batching"),

@@ -40,4 +40,4 @@ def ensemble_version_info(config: ModelConfig, version: int, state: ModelVersion
         platform=ENSEMBLE_PLATFORM, max_batch_size=int(config.max_batch_size),
         inputs=inputs, outputs=outputs, decoupled=False,
         config_json=orjson.dumps(config_to_json(config)),
-        serving=state is ModelVersionState.READY, response_cache=config.response_cache.enable)
+        serving=state is ModelVersionState.READY)

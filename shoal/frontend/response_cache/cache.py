@@ -87,7 +87,7 @@ class ResponseCache:
         if any(o.target is not None and o.target.cuda is not None for o in request.outputs):
             return None
         started = time.perf_counter_ns()
-        key = request_key(request, read_input)
+        key = request_key(request, read_input, info.generation)
         if key is None:
             return None
         entry = self.entries.get(key)

@@ -1,6 +1,8 @@
-"""The cache key of an inference request: a 256-bit BLAKE2b digest over the model name and
-version, every input's name, datatype, shape and bytes (in the request's order), the requested
-output names with their parameters, and the request's own (custom) parameters.
+"""The cache key of an inference request: a 256-bit BLAKE2b digest over the model name,
+version and the broker's runtime generation of that version (so a reload never answers from
+entries of the model it replaced), every input's name, datatype, shape and bytes (in the
+request's order), the requested output names with their parameters, and the request's own
+(custom) parameters.
 
 Framing: one msgpack document holds everything but the input bytes, each input's byte count
 included, then the inputs' bytes follow in order; msgpack is self-delimiting and the counts
@@ -33,8 +35,10 @@ def _sorted(parameters: Params) -> list[tuple[str, str | int | float | bool]]:
     return sorted(parameters.items()) if parameters else []
 
 
-def request_key(request: InferRequest, read_input: InputReader) -> bytes | None:
-    """The key of ``request``, or None when an input's bytes cannot be read."""
+def request_key(request: InferRequest, read_input: InputReader,
+                generation: int = 0) -> bytes | None:
+    """The key of ``request`` to a version's runtime ``generation`` (a reload's answers are
+    keyed apart from the ones before it), or None when an input's bytes cannot be read."""
     data: list[bytes | memoryview] = []
     for tensor in request.inputs:
         found = read_input(tensor)
@@ -42,7 +46,7 @@ def request_key(request: InferRequest, read_input: InputReader) -> bytes | None:
             return None
         data.append(found)
     head = _ENCODER.encode((
-        request.model, request.version,
+        request.model, request.version, generation,
         [(t.name, t.datatype, t.shape, len(d)) for t, d in zip(request.inputs, data,
                                                                strict=True)],
         [(o.name, _sorted(o.parameters)) for o in request.outputs],

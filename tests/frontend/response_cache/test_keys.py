@@ -45,3 +45,10 @@ def test_every_part_of_the_request_changes_the_key() -> None:
 
 def test_an_unreadable_input_means_no_key() -> None:
     assert request_key(_request(), lambda ref: None) is None
+
+
+def test_a_reloaded_version_keys_apart_from_the_one_it_replaced() -> None:
+    request = _request()
+    before = request_key(request, lambda ref: _DATA["a"], generation=7)
+    after = request_key(request, lambda ref: _DATA["a"], generation=8)
+    assert before is not None and after is not None and before != after
