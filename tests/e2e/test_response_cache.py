@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pathlib
 import secrets
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -264,3 +265,25 @@ def test_without_a_server_cache_the_model_serves_uncached(
         assert "nv_cache_" not in metrics
         assert "model 'cached' enables response_cache but the server has no cache" in srv.log()
         client.close()
+
+
+def test_with_several_frontends_each_caches_and_the_statistics_sum_them(
+        cache_repo: pathlib.Path) -> None:
+    """--http-workers 2: each frontend process has its own cache, so a body repeated over new
+    connections misses at most once per frontend; the broker sums both frontends' figures
+    (the other frontend's within a second)."""
+    with serving(ShoalServer([str(cache_repo)], [
+            "--http-workers=2", "--cache-config=local,size=1048576",
+            "--model-control-mode=explicit", "--load-model=cached"])) as srv:
+        body = {"inputs": [{"name": "INPUT0", "shape": [4], "datatype": "FP32",
+                            "data": [1.0, 2.0, 3.0, 4.0]}]}
+        for _ in range(24):  # a new connection each: SO_REUSEPORT spreads them
+            with httpx.Client() as client:
+                answer = client.post(f"{srv.base}/v2/models/cached/infer", json=body)
+                assert answer.json()["outputs"][0]["data"] == [1.0, 2.0, 3.0, 4.0]
+        time.sleep(1.5)  # the other frontend reports within a second
+        client = httpclient.InferenceServerClient(srv.url)
+        executions, hits, misses = _figures(client, "cached")
+        client.close()
+        assert hits + misses == 24
+        assert 1 <= misses <= 2 and executions == misses
