@@ -306,3 +306,9 @@ def test_example_openvino_mlp_completes_and_equals_the_onnx_example() -> None:
                                           "model.onnx"))
     np.testing.assert_allclose(got["OUTPUT__0"], models.reference(onnx_model, {"INPUT__0": x})[0],
                                rtol=1e-5, atol=1e-5)
+
+
+def test_the_thread_policy_count_is_the_default(tmp_path: pathlib.Path) -> None:
+    """Without INFERENCE_NUM_THREADS the instance runs the server's thread policy count."""
+    backend = loaded(tmp_path, models.add_sub(), ADD_SUB, default_intra_op_threads=1)
+    assert backend.compiled_properties["INFERENCE_NUM_THREADS"] == "1"

@@ -78,9 +78,7 @@ class OpenvinoBackend:
         self._max_batch = int(config.max_batch_size)
         self._inputs = [io_spec(io) for io in config.input]
         self._outputs = [io_spec(io) for io in config.output]
-        # the thread policy's count, where this tree's InstanceContext carries one
-        policy_threads = int(getattr(ctx, "default_intra_op_threads", 0) or 0)
-        self._options = openvino_options(config, policy_threads)
+        self._options = openvino_options(config, ctx.default_intra_op_threads)
         filename = config.default_model_filename or DEFAULT_MODEL_FILENAME
         path = os.path.join(ctx.version_dir, filename)
         if not os.path.exists(path):
