@@ -110,8 +110,9 @@ class ModelManager:
         self.cpu_budget = read_cpu_budget()  # the cores the server may use (thread_policy.py)
 
     def auto_complete(self, model_dir: str, config: ModelConfig) -> ModelConfig:
-        """The backend's auto-complete: the onnxruntime backend's from the ONNX graph, else the
-        python backend's ``auto_complete_config`` (a no-op for a model without one)."""
+        """The backend's auto-complete: the onnxruntime, openvino and tensorflow backends' from
+        their model files, else the python backend's ``auto_complete_config`` (a no-op for a
+        model without one)."""
         if backend_name(config) == "onnxruntime":
             default_max_batch = int(self.settings.backend_setting(
                 "onnxruntime", "default-max-batch-size", "4"))
