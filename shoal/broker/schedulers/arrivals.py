@@ -7,7 +7,9 @@ the answer is yes it sends what it has at once. Two exponentially weighted movin
 
 - ``mean_gap``: the time between consecutive arrivals (each sample capped at ``4 x delay``, so a
   long idle period counts as "slow" without taking a hundred arrivals to be forgotten). No partner
-  is expected when the mean gap is longer than the wait that is left.
+  is expected when the mean gap is longer than the whole delay (fewer than one partner per delay
+  on average). It is not compared with the wait that is left: under load that would cut every
+  wait short near its end and shrink the batches.
 - ``overlap``: the fraction of arrivals that found another request of the version queued or
   executing. A closed-loop client (one request at a time, the next sent when the answer is back)
   arrives at an empty system every time: waiting can never bring it a partner, however short its
@@ -32,6 +34,7 @@ class ArrivalEstimate:
     """Per model version; only the broker loop calls it (not thread-safe)."""
 
     def __init__(self, delay_s: float) -> None:
+        self._delay_s = delay_s
         self._gap_cap = GAP_CAP_DELAYS * delay_s
         self._last_arrival: float | None = None
         self.mean_gap = 0.0
@@ -46,7 +49,7 @@ class ArrivalEstimate:
         self._last_arrival = now
         self.overlap += ALPHA * ((1.0 if in_flight > 0 else 0.0) - self.overlap)
 
-    def partner_unlikely(self, now: float, deadline: float) -> bool:
-        """True when no further request is expected before ``deadline`` (the oldest queued
-        request's arrival + the queue delay), so waiting for one would only add latency."""
-        return self.overlap < OVERLAP_THRESHOLD or self.mean_gap > deadline - now
+    def partner_unlikely(self) -> bool:
+        """True when no further request is expected within the queue delay, so waiting for one
+        would only add latency."""
+        return self.overlap < OVERLAP_THRESHOLD or self.mean_gap > self._delay_s

@@ -12,7 +12,7 @@ before it. Then, with ``delay`` the queue delay and ``oldest`` the earliest arri
 2. the walk stopped early (max_batch_size or a shape change), or its rows reach the largest
    preferred size, or ``oldest + delay`` has passed, or delay is 0 -> send the whole walk now;
 3. otherwise wait until ``oldest + delay`` (or an earlier queue timeout) -- unless the adaptive
-   delay is on and ``arrivals.ArrivalEstimate`` says no partner will come in time: then send the
+   delay is on and ``arrivals.ArrivalEstimate`` says no partner will come within the delay: send the
    whole walk now (the delay is a maximum, not a promise to wait).
 
 So with preferred sizes [4, 8] and five rows queued, Triton sends 4 at once; when the delay has
@@ -235,6 +235,6 @@ class DynamicBatcher:
             return _Plan(best_count)
         if stopped_early or rows >= self._max_preferred or delay_passed or self._delay_s == 0:
             return _Plan(count)
-        if self._arrivals is not None and self._arrivals.partner_unlikely(now, delay_deadline):
+        if self._arrivals is not None and self._arrivals.partner_unlikely():
             return _Plan(count)
         return _Plan(0, delay_deadline)

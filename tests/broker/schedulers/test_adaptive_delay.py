@@ -32,7 +32,7 @@ def arrive(batcher: DynamicBatcher, n: int, at: float, in_flight: int) -> None:
 
 def test_a_fresh_estimate_expects_partners() -> None:
     estimate = ArrivalEstimate(DELAY_S)
-    assert not estimate.partner_unlikely(0.0, DELAY_S)
+    assert not estimate.partner_unlikely()
 
 
 def test_lone_arrivals_make_a_partner_unlikely_after_about_seven() -> None:
@@ -41,23 +41,23 @@ def test_lone_arrivals_make_a_partner_unlikely_after_about_seven() -> None:
     for _ in range(6):
         estimate.observe(now, in_flight=0)
         now += 0.0005  # faster than the delay: only the overlap can tell
-    assert not estimate.partner_unlikely(now, now + DELAY_S)
+    assert not estimate.partner_unlikely()
     estimate.observe(now, in_flight=0)
-    assert estimate.partner_unlikely(now, now + DELAY_S)
+    assert estimate.partner_unlikely()
 
 
 def test_overlapping_arrivals_keep_partners_expected() -> None:
     estimate = ArrivalEstimate(DELAY_S)
     for i in range(100):
         estimate.observe(i * 1e-5, in_flight=5)
-    assert not estimate.partner_unlikely(1e-3, 1e-3 + DELAY_S / 2)
+    assert not estimate.partner_unlikely()
 
 
 def test_slow_arrivals_make_a_partner_unlikely_even_when_they_overlap() -> None:
     estimate = ArrivalEstimate(DELAY_S)
     for i in range(30):
         estimate.observe(i * 0.01, in_flight=1)  # 10 ms apart, the delay is 1 ms
-    assert estimate.partner_unlikely(0.3, 0.3 + DELAY_S)
+    assert estimate.partner_unlikely()
 
 
 def test_a_long_idle_gap_is_capped_so_a_burst_is_believed_quickly() -> None:
@@ -67,13 +67,16 @@ def test_a_long_idle_gap_is_capped_so_a_burst_is_believed_quickly() -> None:
     assert estimate.mean_gap == pytest.approx(0.1 * 4 * DELAY_S)
 
 
-def test_the_gap_rule_compares_with_the_wait_that_is_left() -> None:
+def test_the_gap_rule_compares_with_the_whole_delay_not_the_wait_left() -> None:
+    """Partners every 0.4 ms with a 1 ms delay: wait, even when only 0.2 ms is left (cutting
+    waits short near their end would shrink the batches under load)."""
     estimate = ArrivalEstimate(DELAY_S)
     for i in range(50):
-        estimate.observe(i * 0.0004, in_flight=1)  # a partner every 0.4 ms
-    now = 50 * 0.0004
-    assert not estimate.partner_unlikely(now, now + DELAY_S)  # 1 ms left: wait
-    assert estimate.partner_unlikely(now, now + 0.0002)        # 0.2 ms left: send
+        estimate.observe(i * 0.0004, in_flight=1)
+    assert not estimate.partner_unlikely()
+    for i in range(50, 80):
+        estimate.observe(0.02 + (i - 50) * 0.0015, in_flight=1)  # now every 1.5 ms
+    assert estimate.partner_unlikely()
 
 
 # ------------------------------------------------------------------ the batcher
