@@ -312,3 +312,21 @@ def test_the_thread_policy_count_is_the_default(tmp_path: pathlib.Path) -> None:
     """Without INFERENCE_NUM_THREADS the instance runs the server's thread policy count."""
     backend = loaded(tmp_path, models.add_sub(), ADD_SUB, default_intra_op_threads=1)
     assert backend.compiled_properties["INFERENCE_NUM_THREADS"] == "1"
+
+
+def test_reshape_io_layers_gives_the_model_the_configs_dims(tmp_path: pathlib.Path) -> None:
+    """A model fixed at x [2, 3] takes any number of rows once RESHAPE_IO_LAYERS reshapes it to
+    the config's [-1, 3]; without the parameter the same config fails the load."""
+    config = """
+    name: "fixed"
+    backend: "openvino"
+    input [ { name: "x" data_type: TYPE_INT32 dims: [ -1, 3 ] } ]
+    output [ { name: "y" data_type: TYPE_INT32 dims: [ 3 ] } ]
+    """
+    with pytest.raises(ShoalError, match="tensor 'x'"):
+        loaded(tmp_path / "a", models.fixed_sum(), config)
+    backend = loaded(tmp_path / "b", models.fixed_sum(), config +
+                     'parameters { key: "RESHAPE_IO_LAYERS" value { string_value: "yes" } }\n')
+    rows = np.arange(12, dtype=np.int32).reshape(4, 3)
+    got = outputs(backend.execute([make_request(0, {"x": rows})])[0])
+    assert got["y"].tolist() == rows.sum(axis=0).tolist()
