@@ -59,58 +59,120 @@ def _ratio(a: dict[str, Any] | None, b: dict[str, Any] | None) -> str:
     return f"{a['requests_per_s'] / b['requests_per_s']:.1f}×"
 
 
-def render(results: dict[str, Any], command: str) -> str:
+def _side_by_side(shoal: dict[str, Any], mls: dict[str, Any], transport: str, c: int) -> str:
+    """One row of the realistic table: shoal, MLServer and the req/s ratio (binary: against
+    MLServer's JSON, as its REST has no binary tensor extension)."""
+    mine = shoal.get(f"{transport}/c{c}")
+    peer_key = f"{'json' if transport == 'binary' else transport}/c{c}"
+    peer = mls.get(peer_key)
+
+    def figures(r: dict[str, Any] | None) -> str:
+        if not r:
+            return "– | – | –"
+        return f"{r['requests_per_s']:,.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.1f}"
+
+    peer_text = ("(JSON above) | | " if transport == "binary" and peer else figures(peer))
+    errors = int((mine or {}).get("errors", 0)) + int((peer or {}).get("errors", 0))
+    label = {"json": "JSON", "binary": "binary", "grpc": "gRPC"}[transport]
+    return (f"| {label} | {c} | {figures(mine)} | {peer_text} | {_ratio(mine, peer)} "
+            f"| {errors} |")
+
+
+def _saturation_lines(shoal: dict[str, Any]) -> list[str]:
+    lines = []
+    for key, r in shoal.items():
+        if "mean_batch" in r:
+            lines.append(f"- saturation ({key}): mean executed batch {r['mean_batch']:.1f} rows; "
+                         f"the worker spends {r['execute_share']:.0%} of wall time in "
+                         f"backend.execute ({r['worker_busy_share']:.0%} busy in all).")
+    return lines
+
+
+def _in_process_line(ip: dict[str, float]) -> str:
+    return ", ".join(f"batch {b}: {ip[f'batch{b}_rows_per_s']:,.0f} rows/s "
+                     f"({ip[f'batch{b}_call_ms']:.3f} ms/call)" for b in (1, 8, 32))
+
+
+def realistic_lines(results: dict[str, Any]) -> list[str]:
+    """The realistic model's part: table, limit, targets, saturation, the curves."""
+    from bench.targets import realistic_targets
+
+    real = results["realistic"]
+    shoal, mls = real.get("shoal", {}), real.get("mlserver", {})
+    lines = [
+        "### Realistic model at defaults: TorchScript MLP 256→1024→1024→16", "",
+        f"Built by the bench (`bench/realistic.py`, seed 0, no download). Dynamic batching "
+        f"max_batch_size 32 with max_queue_delay_microseconds {real['delay_us']} for shoal, "
+        f"adaptive batching max_batch_size 32 / max_batch_time {real['delay_us'] / 1e6} s for "
+        "MLServer. Both servers at their defaults, no hand tuning: shoal's config names no "
+        "INTRA_OP_THREAD_COUNT, so its thread policy decides (its log: "
+        f"`{real.get('shoal_policy', '?')}`); "
+        "MLServer serves it through `bench/mlserver/runtimes.py` `TorchScriptDefaultRuntime`, "
+        "the runtime as a user would write it (`torch.jit.load`, no thread settings). "
+        "MLServer's default thread behaviour: inference runs in one parallel worker process "
+        "(`parallel_workers` 1) and MLServer sets no OMP/torch thread count, so torch there "
+        f"runs {real.get('mlserver_torch_threads', '?')} intra-op threads (one per core). "
+        "HTTP cells: bench/loadgen.py (HTTP/1.1 keep-alive, the same pre-encoded bytes for "
+        "both); gRPC cells: bench/grpc_loadgen.py (`ModelInfer` with the tensor in "
+        "raw_input_contents, as tritonclient sends it; the same bytes for both).", "",
+        "| transport | clients | shoal req/s | p50 ms | p99 ms | MLServer req/s | p50 ms "
+        "| p99 ms | shoal / MLServer | errors |",
+        "|---|---|---|---|---|---|---|---|---|---|"]
+    for transport in ("json", "binary", "grpc"):
+        for c in real["concurrency"]:
+            lines.append(_side_by_side(shoal, mls, transport, c))
+    lines += ["", "In-process limit (the same model.pt, `torch.set_num_threads(1)`): "
+              + _in_process_line(real["inprocess"]) + ".", "",
+              "Targets (issue #16, ratios from this run):", ""]
+    lines += [t.line() for t in realistic_targets(shoal, mls, real["inprocess"])]
+    lines += _saturation_lines(shoal)
+    if real.get("curves"):
+        lines += ["", f"![req/s and p99 against concurrency]({real['curves']})", "",
+                  f"[`bench/{real['curves']}`]({real['curves']}): req/s and p99 against "
+                  "concurrency for each server and transport (solid: shoal, dashed: MLServer)."]
+    return lines
+
+
+def tiny_lines(results: dict[str, Any]) -> list[str]:
     shoal, mls = results.get("shoal", {}), results.get("mlserver", {})
-    m, v = results["machine"], results["versions"]
-    lines = [BEGIN, "## Serving: shoal vs MLServer vs the in-process limit", "",
-             f"Command (from the repository root): `{command}`", "",
-             f"Machine: {m['cores']} cores, {m['cpu']}, {m['memory_gib']} GiB. Versions: "
-             + ", ".join(f"{k} {val}" for k, val in v.items()) + ".", "",
-             f"Model: `examples/model_repository/mlp` (TorchScript FP32 [1,256] → [1,16]), "
-             f"dynamic batching max_batch_size 32, max_queue_delay_microseconds "
-             f"{results['delay_us']} for shoal and max_batch_time {results['delay_us'] / 1e6} s "
-             "for MLServer's adaptive batching; one intra-op thread everywhere. Load: "
-             "bench/loadgen.py, closed loop over HTTP/1.1 keep-alive, pre-encoded bodies, "
-             f"{results['seconds']:.0f} s per cell, the same bytes for both servers; both "
-             "servers run at once and each cell is measured on shoal then right after on "
-             "MLServer (the machine's speed drifts over minutes).", "",
+    lines = ["", "### The tiny example MLP (256→64→16)", "",
+             f"`examples/model_repository/mlp` (its config names INTRA_OP_THREAD_COUNT 1; "
+             f"MLServer's `TorchScriptRuntime` pins one thread too), dynamic batching 32 rows, "
+             f"delay {results['delay_us']} µs on both; the per-request cost of each server.", "",
              "| server / workload | req/s | p50 ms | p90 ms | p99 ms | errors |",
              "|---|---|---|---|---|---|"]
-    for c in (1, 16, 64, 256):
-        lines.append(_row(f"shoal JSON c={c}", shoal.get(f"json/c{c}")))
-        lines.append(_row(f"MLServer JSON c={c}", mls.get(f"json/c{c}")))
-    for c in (1, 16, 64, 256):
-        lines.append(_row(f"shoal binary c={c}", shoal.get(f"binary/c{c}")))
+    for key in results.get("tiny_cells", []):
+        lines.append(_row(f"shoal {key}", shoal.get(key)))
+        if not key.startswith("binary"):
+            lines.append(_row(f"MLServer {key}", mls.get(key)))
     lines.append(_row("shoal identity16 (python) c=1", shoal.get("identity/c1")))
     lines.append(_row("MLServer identity16 (python) c=1", mls.get("identity/c1")))
     two = results.get("http_workers_2", {})
     lines.append(_row("shoal --http-workers=2 JSON c=64", two.get("json/c64")))
     lines.append(_row("shoal --http-workers=2 binary c=64", two.get("binary/c64")))
-    ip = results["inprocess"]
-    lines += ["", "In-process limit (same model.pt, `torch.set_num_threads(1)`): "
-              + ", ".join(f"batch {b}: {ip[f'batch{b}_rows_per_s']:,.0f} rows/s "
-                          f"({ip[f'batch{b}_call_ms']:.3f} ms/call)" for b in (1, 8, 32)) + ".",
-              "", "Targets:", ""]
-    j64, b64, m64 = shoal.get("json/c64"), shoal.get("binary/c64"), mls.get("json/c64")
-    c1 = shoal.get("json/c1")
-    lines += [
-        f"- JSON c=64 throughput vs MLServer: {_ratio(j64, m64)} (target ≥ 4×); p99 "
-        f"{j64['p99_ms'] if j64 else float('nan'):.1f} ms vs MLServer "
-        f"{m64['p99_ms'] if m64 else float('nan'):.1f} ms (target: below).",
-        f"- binary c=64 vs MLServer JSON: {_ratio(b64, m64)} (target ≥ 6×).",
-        f"- c=1 JSON p50: {c1['p50_ms'] if c1 else float('nan'):.2f} ms (target ≤ 1 ms).",
-    ]
-    for key in ("json/c64", "binary/c64", "binary/c256"):
-        r = shoal.get(key)
-        if r and "mean_batch" in r:
-            lines.append(f"- saturation ({key}): mean executed batch {r['mean_batch']:.1f} rows; "
-                         f"the worker spends {r['execute_share']:.0%} of wall time in "
-                         f"backend.execute ({r['worker_busy_share']:.0%} busy in all).")
-    errors_256 = sum(int(shoal.get(f"{e}/c256", {}).get("errors", 0)) for e in ("json", "binary"))
-    lines.append(f"- errors at c=256: {errors_256}.")
+    lines += ["", "In-process limit (`torch.set_num_threads(1)`): "
+              + _in_process_line(results["inprocess"]) + "."]
+    return lines
+
+
+def render(results: dict[str, Any], command: str) -> str:
+    m, v = results["machine"], results["versions"]
+    load = results.get("load_average", [0.0, 0.0])
+    lines = [BEGIN, "## Serving: shoal vs MLServer vs the in-process limit", "",
+             f"Command (from the repository root): `{command}`", "",
+             f"Machine: {m['cores']} cores, {m['cpu']}, {m['memory_gib']} GiB; load average "
+             f"{load[0]:.1f} at start, {load[1]:.1f} at end (above the core count the figures "
+             "are indicative only). Versions: "
+             + ", ".join(f"{k} {val}" for k, val in v.items()) + ".", "",
+             f"Both servers run at once and each cell is measured on shoal then right after on "
+             f"MLServer (the machine's speed drifts over minutes), {results['seconds']:.0f} s "
+             "per cell, closed loop.", ""]
+    if "realistic" in results:
+        lines += realistic_lines(results)
+    lines += tiny_lines(results)
     soak = results.get("soak")
     if soak:
-        lines += ["", f"Soak: binary c=64 for {results.get('soak_seconds', 60)} s, "
+        lines += ["", f"Soak: tiny MLP, binary c=64 for {results.get('soak_seconds', 60)} s, "
                   f"{soak['requests_per_s']:,.0f} req/s, {int(soak['errors'])} errors. RSS (MiB) "
                   "of every shoal process, start → end:", ""]
         for proc, (before, after) in soak["rss_mib"].items():

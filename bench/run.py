@@ -2,10 +2,14 @@
 
     make bench            # = .venv/bin/python bench/run.py
 
-Starts and stops every server itself, drives each with the same closed-loop generator
-(bench/loadgen.py) and the same request bytes, measures the in-process limit, and writes
-bench/RESULTS.md (plus bench/out/results.json). Everything runs on this machine; compare the
-ratios within one run, not absolute numbers across runs.
+Starts and stops every server itself, drives each with the same closed-loop generators
+(bench/loadgen.py over HTTP, bench/grpc_loadgen.py over gRPC) and the same request bytes,
+measures the in-process limits, and writes bench/RESULTS.md, the curves
+(bench/serving_curves.png) and bench/out/results.json. Two models: the realistic MLP of
+bench/realistic.py at both servers' defaults (JSON, binary, gRPC at c = 1, 16, 64, 256; the
+issue's targets computed from it) and the tiny example MLP (a few cells: per-request cost).
+Everything runs on this machine; compare the ratios within one run, not absolute numbers
+across runs.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import pathlib
 import platform
 import tempfile
@@ -21,16 +26,25 @@ from typing import Any
 
 import numpy as np
 
-from bench import loadgen, report, servers
+from bench import curves, grpc_loadgen, loadgen, realistic, report, servers
 from bench.inprocess import measure_in_process
+from bench.targets import realistic_targets
 
 WORKLOAD_CONCURRENCY = (1, 16, 64, 256)
+TRANSPORTS = ("json", "binary", "grpc")
+TINY_CELLS = (("json", 1), ("json", 64), ("binary", 64))
+CURVES = "serving_curves.png"  # under bench/, linked from RESULTS.md
+
+
+def sample_row() -> np.ndarray:
+    """The one FP32 [1, 256] row every request carries (both MLPs take 256 features)."""
+    return np.random.default_rng(0).standard_normal((1, 256)).astype(np.float32)
 
 
 def bodies(out: pathlib.Path) -> dict[str, tuple[pathlib.Path, list[str]]]:
     """Request files shared by every server: (path, extra headers)."""
     out.mkdir(parents=True, exist_ok=True)
-    x = np.random.default_rng(0).standard_normal((1, 256)).astype(np.float32)
+    x = sample_row()
     json_body = json.dumps({"inputs": [{"name": "INPUT__0", "shape": [1, 256],
                                         "datatype": "FP32", "data": x.reshape(-1).tolist()}]})
     (out / "mlp.json").write_text(json_body)
@@ -72,12 +86,24 @@ def shoal_stats(server: servers.Server, model: str) -> dict[str, Any]:
     }
 
 
-def saturation(server: servers.Server, body: tuple[pathlib.Path, list[str]], concurrency: int,
+def load(server: servers.Server, model: str, encoding: str,
+         request_bodies: dict[str, Any], concurrency: int, seconds: float) -> dict[str, float]:
+    """One closed-loop cell over HTTP (json / binary / identity bodies) or gRPC."""
+    if encoding == "grpc":
+        request = grpc_loadgen.infer_request(model, "INPUT__0", sample_row())
+        return asyncio.run(grpc_loadgen.run(server.extra["grpc"], request, concurrency,
+                                            seconds))
+    return drive(server.port, model, request_bodies[encoding], concurrency, seconds)
+
+
+def saturation(server: servers.Server, model: str, encoding: str,
+               request_bodies: dict[str, Any], concurrency: int,
                seconds: float) -> dict[str, Any]:
     """Load plus the worker's view: share of wall time in backend.execute, mean batch."""
-    before, start = shoal_stats(server, "mlp"), time.perf_counter()
-    result = drive(server.port, "mlp", body, concurrency, seconds)
-    after, wall = shoal_stats(server, "mlp"), time.perf_counter() - start
+    before, start = shoal_stats(server, model), time.perf_counter()
+    result: dict[str, Any] = dict(load(server, model, encoding, request_bodies, concurrency,
+                                       seconds))
+    after, wall = shoal_stats(server, model), time.perf_counter() - start
     executions = after["execution_count"] - before["execution_count"]
     rows = after["inference_count"] - before["inference_count"]
     result["mean_batch"] = rows / max(1, executions)
@@ -86,34 +112,55 @@ def saturation(server: servers.Server, body: tuple[pathlib.Path, list[str]], con
     return result
 
 
-def measure_cell(server: servers.Server, model: str, body: tuple[pathlib.Path, list[str]],
-                 concurrency: int, seconds: float) -> dict[str, Any]:
-    if server.name == "shoal" and model == "mlp" and concurrency >= 64:
-        return saturation(server, body, concurrency, seconds)
-    return drive(server.port, model, body, concurrency, seconds)
+def measure_cell(server: servers.Server, model: str, encoding: str,
+                 request_bodies: dict[str, Any], concurrency: int, seconds: float
+                 ) -> dict[str, Any]:
+    if server.name == "shoal" and model != "identity16" and concurrency >= 64:
+        return saturation(server, model, encoding, request_bodies, concurrency, seconds)
+    return dict(load(server, model, encoding, request_bodies, concurrency, seconds))
 
 
 def run_side_by_side(shoal: servers.Server, mls: servers.Server | None,
-                     request_bodies: dict[str, Any], seconds: float
+                     request_bodies: dict[str, Any], seconds: float,
+                     cells: list[tuple[str, str, int]]
                      ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Every cell runs on shoal and then, right after, on MLServer (both servers up, the idle
-    one costing nothing): the machine's speed drifts over minutes, so cells measured back to
-    back compare fairly, where "all of shoal, then all of MLServer" would not."""
+    """Every cell (model, encoding, clients) runs on shoal and then, right after, on MLServer
+    (both servers up, the idle one costing nothing): the machine's speed drifts over minutes,
+    so cells measured back to back compare fairly, where "all of shoal, then all of MLServer"
+    would not."""
     results: dict[str, dict[str, Any]] = {"shoal": {}, "mlserver": {}}
     peers = [s for s in (shoal, mls) if s is not None]
-    for server in peers:
-        drive(server.port, "mlp", request_bodies["json"], 8, 2.0)  # warm-up
-    cells = [("mlp", enc, c) for enc in ("json", "binary") for c in WORKLOAD_CONCURRENCY]
-    cells.append(("identity16", "identity", 1))
+    for model in sorted({m for m, _, _ in cells if m != "identity16"}):
+        for server in peers:
+            drive(server.port, model, request_bodies["json"], 8, 2.0)  # warm-up
     for model, encoding, c in cells:
         key = f"{encoding}/c{c}"
         for server in peers:
             if server.name == "mlserver" and encoding == "binary":
                 continue  # MLServer's REST has no binary tensor extension: JSON is its best
-            results[server.name][key] = measure_cell(server, model, request_bodies[encoding],
+            results[server.name][key] = measure_cell(server, model, encoding, request_bodies,
                                                      c, seconds)
-            print(server.name, key, json.dumps(results[server.name][key]), flush=True)
+            print(server.name, model, key, json.dumps(results[server.name][key]), flush=True)
     return results["shoal"], results["mlserver"]
+
+
+def policy_line(server: servers.Server, model: str) -> str:
+    """What shoal's thread policy gave ``model`` (its log line, shortened)."""
+    for line in server.log.read_text(errors="replace").splitlines():
+        if f"model '{model}' version 1: default" in line:
+            return line.split(f"model '{model}' version 1: ", 1)[1]
+    return "not logged"
+
+
+def mlserver_torch_threads(venv: pathlib.Path) -> str:
+    """torch's default intra-op thread count in MLServer's environment (what its inference
+    process runs when the runtime sets none)."""
+    import subprocess
+
+    out = subprocess.run([str(venv / "bin" / "python"), "-c",
+                          "import torch; print(torch.get_num_threads())"],
+                         capture_output=True, text=True, check=False).stdout.strip()
+    return out or "?"
 
 
 def soak(server: servers.Server, body: tuple[pathlib.Path, list[str]], seconds: float
@@ -131,7 +178,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=8.0, help="per workload")
     parser.add_argument("--soak-seconds", type=float, default=60.0)
     parser.add_argument("--delay-us", type=int, default=100,
-                        help="shoal max_queue_delay_microseconds = MLServer max_batch_time")
+                        help="the tiny MLP's max_queue_delay_microseconds = MLServer "
+                        "max_batch_time (the realistic model always uses 1000)")
     parser.add_argument("--mlserver-venv", default=str(servers.BENCH / ".venv-mlserver"))
     parser.add_argument("--skip-mlserver", action="store_true")
     args = parser.parse_args()
@@ -139,20 +187,34 @@ def main() -> None:
     out = servers.BENCH / "out"
     request_bodies = bodies(out)
     results: dict[str, Any] = {"delay_us": args.delay_us, "seconds": args.seconds,
-                               "machine": report.machine(), "versions": report.versions(args)}
-    print("in-process limit ...", flush=True)
-    results["inprocess"] = measure_in_process(servers.EXAMPLES / "mlp" / "1" / "model.pt")
-    print(json.dumps(results["inprocess"]), flush=True)
+                               "machine": report.machine(), "versions": report.versions(args),
+                               "load_average": [os.getloadavg()[0]],
+                               "tiny_cells": [f"{e}/c{c}" for e, c in TINY_CELLS]}
     with tempfile.TemporaryDirectory(prefix="shoal-bench-") as tmp:
         root = pathlib.Path(tmp)
-        shoal = servers.start_shoal(root / "shoal", args.delay_us)
+        model_path = realistic.build(root / "mlp_large.pt")
+        print("in-process limits ...", flush=True)
+        results["inprocess"] = measure_in_process(servers.EXAMPLES / "mlp" / "1" / "model.pt")
+        real: dict[str, Any] = {"delay_us": realistic.DELAY_US,
+                                "concurrency": list(WORKLOAD_CONCURRENCY),
+                                "inprocess": measure_in_process(model_path)}
+        results["realistic"] = real
+        print(json.dumps(results["inprocess"]), json.dumps(real["inprocess"]), flush=True)
+        shoal = servers.start_shoal(root / "shoal", args.delay_us, realistic=True)
+        real["shoal_policy"] = policy_line(shoal, realistic.NAME)
         mls = None
         try:
             if not args.skip_mlserver:
                 venv = servers.ensure_mlserver_venv(pathlib.Path(args.mlserver_venv))
-                mls = servers.start_mlserver(root / "mlserver", venv, args.delay_us)
+                real["mlserver_torch_threads"] = mlserver_torch_threads(venv)
+                mls = servers.start_mlserver(root / "mlserver", venv, args.delay_us,
+                                             realistic=model_path)
+            real["shoal"], real["mlserver"] = run_side_by_side(
+                shoal, mls, request_bodies, args.seconds,
+                [(realistic.NAME, enc, c) for enc in TRANSPORTS for c in WORKLOAD_CONCURRENCY])
             results["shoal"], results["mlserver"] = run_side_by_side(
-                shoal, mls, request_bodies, args.seconds)
+                shoal, mls, request_bodies, args.seconds,
+                [*(("mlp", enc, c) for enc, c in TINY_CELLS), ("identity16", "identity", 1)])
             if mls is not None:
                 mls.stop()
                 mls = None
@@ -172,13 +234,21 @@ def main() -> None:
             print("http-workers=2", json.dumps(results["http_workers_2"]), flush=True)
         finally:
             two.stop()
+    results["load_average"].append(os.getloadavg()[0])
+    real["curves"] = CURVES
+    curves.draw({"shoal": real["shoal"], "mlserver": real.get("mlserver", {})},
+                WORKLOAD_CONCURRENCY, "TorchScript MLP 256→1024→1024→16 at defaults, dynamic "
+                "batching 32 / 1 ms", servers.BENCH / CURVES)
+    print("targets (realistic model):", flush=True)
+    for target in realistic_targets(real["shoal"], real.get("mlserver", {}), real["inprocess"]):
+        print(target.line(), flush=True)
     (out / "results.json").write_text(json.dumps(results, indent=2))
     command = "make bench" + ("" if args.seconds == 8.0 and args.soak_seconds == 60.0 and
                               args.delay_us == 100 else
                               f" BENCH_ARGS='--seconds {args.seconds} --soak-seconds "
                               f"{args.soak_seconds} --delay-us {args.delay_us}'")
     report.write_results(results, servers.BENCH / "RESULTS.md", command, platform.node())
-    print("wrote bench/RESULTS.md", flush=True)
+    print("wrote bench/RESULTS.md and bench/" + CURVES, flush=True)
 
 
 if __name__ == "__main__":

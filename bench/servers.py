@@ -79,8 +79,15 @@ class Server:
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
-def shoal_repository(workdir: pathlib.Path, delay_us: int) -> pathlib.Path:
+def shoal_repository(workdir: pathlib.Path, delay_us: int, realistic: bool = False
+                     ) -> pathlib.Path:
+    """The example MLP (its delay set to ``delay_us``), identity16, and with ``realistic`` the
+    realistic MLP of bench/realistic.py."""
     repo = workdir / "repo"
+    if realistic:
+        from bench import realistic as realistic_model
+
+        realistic_model.shoal_model(repo)
     shutil.copytree(EXAMPLES / "mlp", repo / "mlp")
     config = repo / "mlp" / "config.pbtxt"
     text = config.read_text()
@@ -97,20 +104,22 @@ def shoal_repository(workdir: pathlib.Path, delay_us: int) -> pathlib.Path:
     return repo
 
 
-def start_shoal(workdir: pathlib.Path, delay_us: int, http_workers: int = 1) -> Server:
+def start_shoal(workdir: pathlib.Path, delay_us: int, http_workers: int = 1,
+                realistic: bool = False) -> Server:
     workdir.mkdir(parents=True, exist_ok=True)
-    repo = shoal_repository(workdir, delay_us)
-    port, metrics = free_port(), free_port()
+    repo = shoal_repository(workdir, delay_us, realistic)
+    port, metrics, grpc = free_port(), free_port(), free_port()
     log = workdir / "shoal.log"
     shoal = ROOT / ".venv" / "bin" / "shoal"
     command = [str(shoal) if shoal.exists() else sys.executable, *([] if shoal.exists() else
                ["-m", "shoal"]), "serve", f"--model-repository={repo}", f"--http-port={port}",
                f"--metrics-port={metrics}", "--http-address=127.0.0.1",
+               f"--grpc-port={grpc}", "--grpc-address=127.0.0.1",
                f"--http-workers={http_workers}"]
     with open(log, "wb") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
     wait_ready(f"http://127.0.0.1:{port}/v2/health/ready", process)
-    return Server("shoal", port, process, workdir, log, {"metrics": metrics})
+    return Server("shoal", port, process, workdir, log, {"metrics": metrics, "grpc": grpc})
 
 
 def launch_shoal(repo: pathlib.Path, workdir: pathlib.Path, flags: Sequence[str],
@@ -136,15 +145,23 @@ def launch_shoal(repo: pathlib.Path, workdir: pathlib.Path, flags: Sequence[str]
     return server
 
 
-def start_mlserver(workdir: pathlib.Path, venv: pathlib.Path, delay_us: int) -> Server:
+def start_mlserver(workdir: pathlib.Path, venv: pathlib.Path, delay_us: int,
+                   realistic: pathlib.Path | None = None) -> Server:
     """MLServer 1.7.1 with adaptive batching (max_batch_size 32, max_batch_time = shoal's delay)
-    serving the same model.pt through bench/mlserver/runtimes.py."""
+    serving the same model.pt through bench/mlserver/runtimes.py; with ``realistic`` (that
+    model.pt) also the realistic MLP of bench/realistic.py."""
     workdir.mkdir(parents=True, exist_ok=True)
     shutil.copy(BENCH / "mlserver" / "runtimes.py", workdir / "runtimes.py")
-    port = free_port()
+    port, grpc = free_port(), free_port()
     (workdir / "settings.json").write_text(json.dumps({
-        "http_port": port, "grpc_port": free_port(), "metrics_port": free_port(),
+        "http_port": port, "grpc_port": grpc, "metrics_port": free_port(),
         "load_models_at_startup": True, "debug": False}))
+    if realistic is not None:
+        from bench import realistic as realistic_model
+
+        (workdir / realistic_model.NAME).mkdir()
+        (workdir / realistic_model.NAME / "model-settings.json").write_text(
+            json.dumps(realistic_model.mlserver_settings(realistic)))
     mlp = workdir / "mlp"
     mlp.mkdir()
     (mlp / "model-settings.json").write_text(json.dumps({
@@ -162,7 +179,9 @@ def start_mlserver(workdir: pathlib.Path, venv: pathlib.Path, delay_us: int) -> 
                                    stdout=out, stderr=subprocess.STDOUT, cwd=workdir, env=env)
     wait_ready(f"http://127.0.0.1:{port}/v2/models/mlp/ready", process)
     wait_ready(f"http://127.0.0.1:{port}/v2/models/identity16/ready", process)
-    return Server("mlserver", port, process, workdir, log)
+    if realistic is not None:
+        wait_ready(f"http://127.0.0.1:{port}/v2/models/mlp_large/ready", process)
+    return Server("mlserver", port, process, workdir, log, {"grpc": grpc})
 
 
 def ensure_mlserver_venv(venv: pathlib.Path) -> pathlib.Path:
