@@ -120,3 +120,18 @@ def test_bad_limit_flags_are_refused(flag: str, message: str,
         main(["serve", "--model-repository=/a", flag])
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_rate_limit_flags_parse() -> None:
+    assert parse("--model-repository=/a").rate_limit == "off"
+    s = parse("--model-repository=/a", "--rate-limit=execution_count",
+              "--rate-limit-resource=R1:10", "--rate-limit-resource", "R2:5:1")
+    assert s.rate_limit == "execution_count"
+    assert s.rate_limit_resources == [("R1", 10, -1), ("R2", 5, 1)]
+
+
+@pytest.mark.parametrize("flag", ["--rate-limit=sometimes", "--rate-limit-resource=R",
+                                  "--rate-limit-resource=R:x", "--rate-limit-resource=R:1:-1"])
+def test_bad_rate_limit_flags_are_refused(flag: str) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--model-repository=/a", flag])
