@@ -29,7 +29,7 @@ from shoal.broker.rate_limiter.limits import Limits, Scope, needs_by_scope, reso
 @dataclass(slots=True)
 class _Staged:
     needs: dict[tuple[Scope, str], int]
-    weight: int
+    order: int  # its heap entry's; an older entry of the same instance is stale
 
 
 class RateLimiter:
@@ -55,17 +55,18 @@ class RateLimiter:
         an instance that is already staged or holds resources changes nothing."""
         if instance in self._staged or instance in self._held:
             return
-        self._staged[instance] = _Staged(needs_by_scope(device, needs), needs.weight)
+        order = next(self._order)
+        self._staged[instance] = _Staged(needs_by_scope(device, needs), order)
         rank = self.executions.get(instance, 0) * needs.weight
-        heapq.heappush(self._heap, (rank, next(self._order), instance))
+        heapq.heappush(self._heap, (rank, order, instance))
 
     def grant_next(self, start: Callable[[str], bool]) -> bool:
         """Start the next staged instance whose turn it is and whose resources are free; True
         if one started (call again), False if none can now."""
         while self._heap:
-            _, _, instance = self._heap[0]
+            _, order, instance = self._heap[0]
             staged = self._staged.get(instance)
-            if staged is None:  # withdrawn
+            if staged is None or staged.order != order:  # withdrawn, or staged again since
                 heapq.heappop(self._heap)
                 continue
             if not self._fits(staged.needs):

@@ -224,3 +224,18 @@ def test_staging_twice_or_while_running_changes_nothing() -> None:
     assert run_all(limiter, starts) == ["a"]
     limiter.stage("a", 0, one)  # still running
     assert run_all(limiter, starts) == ["a"]
+
+
+def test_a_withdrawn_and_restaged_instance_keeps_only_its_new_place() -> None:
+    one = needs(("R", 1), is_global=True)
+    limiter = RateLimiter()
+    limiter.set_instances([(0, one)])
+    limiter.stage("a", 0, one)
+    limiter.stage("b", 0, one)
+    assert run_all(limiter, Starts()) == ["a"]  # b waits in line for R
+    limiter.release("b")   # b's worker went away while waiting (withdrawn)...
+    limiter.stage("c", 0, one)
+    limiter.stage("b", 0, one)  # ...and is back: now behind c
+    limiter.release("a")
+    starts = Starts()
+    assert limiter.grant_next(starts) and starts.started == ["c"]
