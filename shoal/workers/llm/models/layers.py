@@ -48,6 +48,31 @@ def activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
                           f"(supported: {', '.join(sorted(ACTIVATIONS))})") from None
 
 
+class Linear:
+    """``F.linear(x, weight, bias)`` for a 2-D ``x`` (the packed tokens), with the weight kept
+    transposed ([in, out], contiguous) on the CPU: MKL's sgemm runs the few rows of a decoding
+    step 20-60% faster on that layout than on the [out, in] one (32 rows of the 4-layer
+    benchmark model), and the product is bitwise the same, so logits stay equal to Hugging
+    Face's. Elsewhere (CUDA, NPU) the weight keeps its checkpoint layout and ``F.linear``.
+    ``share``: the weight is also used as is elsewhere (a tied embedding), so no transposed
+    copy is made."""
+
+    __slots__ = ("_bias", "_transposed", "_weight")
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+                 share: bool = False) -> None:
+        self._transposed = weight.device.type == "cpu" and not share
+        self._weight = weight.t().contiguous() if self._transposed else weight
+        self._bias = bias
+
+    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
+        if not self._transposed:
+            return F.linear(hidden, self._weight, self._bias)
+        if self._bias is None:
+            return torch.mm(hidden, self._weight)
+        return torch.addmm(self._bias, hidden, self._weight)
+
+
 def take(weights: dict[str, torch.Tensor], name: str) -> torch.Tensor:
     try:
         return weights.pop(name)

@@ -15,24 +15,20 @@ import torch.nn.functional as F
 from shoal.workers.llm.attention import AttentionBatch, paged_attention
 from shoal.workers.llm.checkpoint import ModelSpec
 from shoal.workers.llm.kv_cache import KvCachePool
-from shoal.workers.llm.models.layers import activation, rms_norm, take
+from shoal.workers.llm.models.layers import Linear, activation, rms_norm, take
 from shoal.workers.llm.models.rope import RotaryTable, inverse_frequencies
 
 
 @dataclass(frozen=True)
 class _Layer:
     input_norm: torch.Tensor
-    qkv: torch.Tensor
-    qkv_bias: torch.Tensor | None
+    qkv: Linear
     q_norm: torch.Tensor | None  # [head_dim] when spec.qk_norm
     k_norm: torch.Tensor | None
-    out: torch.Tensor
-    out_bias: torch.Tensor | None
+    out: Linear
     post_norm: torch.Tensor
-    gate_up: torch.Tensor
-    gate_up_bias: torch.Tensor | None
-    down: torch.Tensor
-    down_bias: torch.Tensor | None
+    gate_up: Linear
+    down: Linear
 
 
 class LlamaModel:
@@ -44,9 +40,9 @@ class LlamaModel:
         self._embed = take(weights, "model.embed_tokens.weight")
         self._final_norm = take(weights, "model.norm.weight")
         if "lm_head.weight" in weights or not spec.tie_word_embeddings:
-            self._lm_head = take(weights, "lm_head.weight")
+            self._lm_head = Linear(take(weights, "lm_head.weight"))
         else:
-            self._lm_head = self._embed
+            self._lm_head = Linear(self._embed, share=True)
         self._layers = [self._load_layer(weights, i) for i in range(spec.num_layers)]
         inv_freq = inverse_frequencies(spec.head_dim, spec.rope_theta, spec.rope_scaling)
         self._rotary = RotaryTable(inv_freq, spec.max_position_embeddings, dtype, device)
@@ -66,17 +62,17 @@ class LlamaModel:
             gate_up_bias = torch.cat([take(weights, f"{mlp}{p}_proj.bias") for p in ("gate", "up")])
         return _Layer(
             input_norm=take(weights, prefix + "input_layernorm.weight"),
-            qkv=torch.cat([take(weights, f"{attn}{p}_proj.weight") for p in "qkv"]),
-            qkv_bias=qkv_bias,
+            qkv=Linear(torch.cat([take(weights, f"{attn}{p}_proj.weight") for p in "qkv"]),
+                       qkv_bias),
             q_norm=optional(attn + "q_norm.weight", self.spec.qk_norm),
             k_norm=optional(attn + "k_norm.weight", self.spec.qk_norm),
-            out=take(weights, attn + "o_proj.weight"),
-            out_bias=optional(attn + "o_proj.bias", self.spec.out_proj_bias),
+            out=Linear(take(weights, attn + "o_proj.weight"),
+                       optional(attn + "o_proj.bias", self.spec.out_proj_bias)),
             post_norm=take(weights, prefix + "post_attention_layernorm.weight"),
-            gate_up=torch.cat([take(weights, f"{mlp}{p}_proj.weight") for p in ("gate", "up")]),
-            gate_up_bias=gate_up_bias,
-            down=take(weights, mlp + "down_proj.weight"),
-            down_bias=optional(mlp + "down_proj.bias", self.spec.mlp_bias),
+            gate_up=Linear(torch.cat([take(weights, f"{mlp}{p}_proj.weight")
+                                      for p in ("gate", "up")]), gate_up_bias),
+            down=Linear(take(weights, mlp + "down_proj.weight"),
+                        optional(mlp + "down_proj.bias", self.spec.mlp_bias)),
         )
 
     def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch,
@@ -91,7 +87,7 @@ class LlamaModel:
         heads = spec.num_heads + spec.num_kv_heads
         for index, layer in enumerate(self._layers):
             normed = rms_norm(hidden, layer.input_norm, spec.norm_eps)
-            qkv = F.linear(normed, layer.qkv, layer.qkv_bias)
+            qkv = layer.qkv(normed)
             value = qkv[:, q_size + kv_size:].view(-1, spec.num_kv_heads, spec.head_dim)
             if layer.q_norm is not None and layer.k_norm is not None:
                 query = rms_norm(qkv[:, :q_size].view(-1, spec.num_heads, spec.head_dim),
@@ -106,10 +102,9 @@ class LlamaModel:
             attended = paged_attention(query, key, value, kv.layer(index), batch,
                                        spec.attention_scale)
             # residual sums in place: ``hidden`` is this forward's own tensor (bitwise the same)
-            hidden = hidden.add_(F.linear(attended.reshape(-1, q_size), layer.out,
-                                          layer.out_bias))
+            hidden = hidden.add_(layer.out(attended.reshape(-1, q_size)))
             normed = rms_norm(hidden, layer.post_norm, spec.norm_eps)
-            gate, up = F.linear(normed, layer.gate_up, layer.gate_up_bias).chunk(2, dim=-1)
-            hidden = hidden.add_(F.linear(self._act(gate).mul_(up), layer.down, layer.down_bias))
+            gate, up = layer.gate_up(normed).chunk(2, dim=-1)
+            hidden = hidden.add_(layer.down(self._act(gate).mul_(up)))
         selected = rms_norm(hidden[logits_rows], self._final_norm, spec.norm_eps)
-        return F.linear(selected, self._lm_head).float()
+        return self._lm_head(selected).float()
