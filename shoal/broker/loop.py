@@ -357,10 +357,10 @@ class BrokerLoop:
             self.send_batch(runtime, worker, [q.key for q in batch], now)
 
     def dispatch_rate_limited(self, runtime: ModelVersionRuntime, now: float) -> None:
-        """Every idle instance of a runtime with queued work waits for its turn; then every
+        """Every idle instance of a runtime with a batch ready waits for its turn; then every
         instance (of any model) whose turn it is and whose resources are free starts a batch."""
         assert self.rate_limiter is not None
-        if runtime.scheduler.pending_count():
+        if runtime.scheduler.has_batch(now):  # as Triton: staged only with a batch ready
             for slot in runtime.instances:
                 if slot.worker is not None and slot.worker.state is WorkerState.IDLE:
                     self.rate_limiter.stage(slot.worker.identity, slot.device_id,

@@ -92,6 +92,11 @@ class Scheduler(Protocol):
         or None (nothing to run yet; ask again at ``next_deadline`` or on the next submit)."""
         ...
 
+    def has_batch(self, now: float) -> bool:
+        """Whether ``next_batch(now)`` would return a batch, without taking it (the rate
+        limiter stages an instance only then)."""
+        ...
+
     def expire(self, now: float) -> list[Rejection]:
         """Requests whose queue timeout has passed and whose policy is to reject them."""
         ...

@@ -35,6 +35,9 @@ class DefaultScheduler:
         self._forget(request)
         return [request]
 
+    def has_batch(self, now: float) -> bool:
+        return bool(self._fifo)
+
     def expire(self, now: float) -> list[Rejection]:
         return []
 

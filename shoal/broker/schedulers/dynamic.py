@@ -179,6 +179,10 @@ class DynamicBatcher:
             return None
         return self._queue.pop_front(plan.send_count)
 
+    def has_batch(self, now: float) -> bool:
+        """May say yes for a batch whose requests time out first (next_batch then gives None)."""
+        return self._plan(now).send_count > 0
+
     def expire(self, now: float) -> list[Rejection]:
         rejections = self._timed_out + self._queue.apply_timeouts(now)
         self._timed_out = []

@@ -58,3 +58,11 @@ def test_duplicate_key_is_a_caller_error() -> None:
     scheduler.submit(request(0), now=0.0)
     with pytest.raises(ValueError):
         scheduler.submit(request(0), now=0.0)
+
+
+def test_has_batch_says_whether_next_batch_would_give_one() -> None:
+    scheduler = DefaultScheduler()
+    assert not scheduler.has_batch(0.0)
+    scheduler.submit(request(1), 0.0)
+    assert scheduler.has_batch(0.0)
+    assert scheduler.pending_count() == 1  # nothing taken

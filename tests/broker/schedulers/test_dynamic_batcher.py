@@ -356,3 +356,12 @@ def test_ready_batch_reports_no_deadline_so_callers_dispatch_first() -> None:
     assert batcher.next_deadline(10.00005) == 10.0001
     assert batcher.next_deadline(10.0002) is None
     assert batcher.next_batch(10.0002) is not None
+
+
+def test_has_batch_follows_the_delay_without_taking_anything() -> None:
+    scheduler = batcher(preferred=(4,))
+    submit_all(scheduler, request(1, at=0.0))
+    assert not scheduler.has_batch(0.05)  # waiting for partners
+    assert scheduler.has_batch(DELAY_S)
+    assert scheduler.pending_count() == 1
+    assert numbers(scheduler.next_batch(DELAY_S)) == [1]
