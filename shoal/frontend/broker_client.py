@@ -1,5 +1,6 @@
-"""The frontend's connection to the broker: one zmq.asyncio DEALER socket, futures keyed by
-request id, and the repository snapshot the broker pushes.
+"""The frontend's connection to the broker: one DEALER socket driven from the event loop
+(``broker_socket.BrokerSocket``: no Future per message), futures keyed by request id, and the
+repository snapshot the broker pushes.
 
 Threads: everything runs on the frontend's asyncio loop. Requests and lease releases are queued
 and flushed once per loop iteration: all requests that handlers submitted in one iteration go out
@@ -11,14 +12,10 @@ added).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
-from typing import Any
 
-import zmq
-import zmq.asyncio
-
+from shoal.frontend.broker_socket import BrokerSocket
 from shoal.messages import (
     CacheFigures,
     CancelRequest,
@@ -53,11 +50,6 @@ logger = logging.getLogger(__name__)
 _HWM = 100_000
 
 
-def _log_send_failure(future: asyncio.Future[Any]) -> None:
-    if not future.cancelled() and future.exception() is not None:
-        logger.error("send to broker failed: %s", future.exception())
-
-
 class _ReleasingQueue(asyncio.Queue[InferResponse]):
     """Stands in for an abandoned stream's queue: gives every answer's memory back."""
 
@@ -81,13 +73,7 @@ class BrokerClient:
     def __init__(self, endpoint: str, frontend_id: str,
                  on_snapshot: Callable[[RepositorySnapshot], None], frontend_index: int = -1,
                  on_region: Callable[[ClientRegion], None] = _no_region) -> None:
-        self._context = zmq.asyncio.Context.instance()
-        self._socket = self._context.socket(zmq.DEALER)
-        self._socket.setsockopt(zmq.IDENTITY, frontend_id.encode())
-        self._socket.setsockopt(zmq.LINGER, 0)
-        self._socket.setsockopt(zmq.SNDHWM, _HWM)
-        self._socket.setsockopt(zmq.RCVHWM, _HWM)
-        self._socket.connect(endpoint)
+        self._socket = BrokerSocket(endpoint, frontend_id.encode(), _HWM)
         self._frontend_id = frontend_id
         self._on_snapshot = on_snapshot
         self._frontend_index = frontend_index
@@ -100,7 +86,6 @@ class BrokerClient:
         self._releases: list[Lease] = []
         self._outbox: list[InferRequest] = []
         self._flush_scheduled = False
-        self._task: asyncio.Task[None] | None = None
         self._next_query = 1
 
     @property
@@ -108,19 +93,16 @@ class BrokerClient:
         return len(self._pending) + len(self._streams)
 
     async def start(self) -> None:
-        await self._socket.send_multipart(encode(Hello(self._frontend_id,
-                                                       self._frontend_index)))
-        self._task = asyncio.create_task(self._receive_loop(), name="broker-receive")
+        self._socket.start(self._on_frames)
+        self._send(Hello(self._frontend_id, self._frontend_index))
 
-    async def _receive_loop(self) -> None:
-        while True:
-            frames = await self._socket.recv_multipart()
-            try:
-                message = decode(frames)
-            except UnknownMessage as exc:
-                logger.warning("dropping malformed broker message: %s", exc)
-                continue
-            self._on_message(message)
+    def _on_frames(self, frames: list[bytes]) -> None:
+        try:
+            message = decode(frames)
+        except UnknownMessage as exc:
+            logger.warning("dropping malformed broker message: %s", exc)
+            return
+        self._on_message(message)
 
     def _on_message(self, message: Message) -> None:
         if isinstance(message, InferResponseBatch):
@@ -253,13 +235,8 @@ class BrokerClient:
             self._controls.pop(query_id, None)
 
     def _send(self, message: Message) -> None:
-        # Completes at once below the high-water mark; a failure is logged, never lost silently.
-        sent = asyncio.ensure_future(self._socket.send_multipart(encode(message)))
-        sent.add_done_callback(_log_send_failure)
+        # At once below the high-water mark; past it, queued in order (BrokerSocket).
+        self._socket.send(encode(message))
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
-        self._socket.close(linger=0)
+        self._socket.close()
