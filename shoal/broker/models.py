@@ -46,6 +46,7 @@ from shoal.messages import (
 )
 from shoal.model_config import backend_name, config_from_json
 from shoal.settings import Settings
+from shoal.workers.backends.fil.autocomplete import fil_auto_complete
 from shoal.workers.backends.onnxruntime.autocomplete import onnx_auto_complete
 from shoal.workers.backends.openvino.autocomplete import openvino_auto_complete
 from shoal.workers.backends.tensorflow.autocomplete import tensorflow_auto_complete
@@ -125,6 +126,10 @@ class ModelManager:
             default_max_batch = int(self.settings.backend_setting(
                 "tensorflow", "default-max-batch-size", "4"))
             return tensorflow_auto_complete(model_dir, config, default_max_batch)
+        if backend_name(config) == "fil":  # reads the model in a throw-away interpreter
+            default_max_batch = int(self.settings.backend_setting(
+                "fil", "default-max-batch-size", "4"))
+            return fil_auto_complete(model_dir, config, default_max_batch)
         completed: ModelConfig = python_auto_complete(model_dir, config)  # type: ignore[assignment]
         return completed
 
@@ -209,10 +214,15 @@ class ModelManager:
         return slot.kind == "CPU" or (slot.kind == "MODEL" and self.gpu_count == 0)
 
     def cpu_instance_count(self) -> int:
-        """CPU instances of every runtime held (loading, serving, draining); a reload's old and
-        new generation name the same instances, so each (model, version, instance) counts once."""
-        return len({(rt.name, rt.version, slot.instance_name) for rt in self.runtimes()
+        """CPU instances of every runtime held (loading, serving, draining), plus one for each
+        model whose load is still reading its config (at start the models load side by side:
+        the first to spawn would otherwise take every core); a reload's old and new generation
+        name the same instances, so each (model, version, instance) counts once."""
+        held = len({(rt.name, rt.version, slot.instance_name) for rt in self.runtimes()
                     for slot in rt.instances if self.runs_on_cpu(slot)})
+        reading = sum(1 for r in self.records.values()
+                      if (r.busy or r.commands) and not r.generations())
+        return held + reading
 
     def intra_op_threads(self, runtime: ModelVersionRuntime, slot: InstanceSlot) -> int:
         """The thread policy's count for a worker of ``slot`` (0: not a CPU instance); logged

@@ -15,8 +15,9 @@ the frontend and the broker for the same cores: on 2 cores the TorchScript MLP o
   instance gets 1 thread, never 0; the machine is then shared by time, as it must be.
 
 The broker decides, since it knows every instance: ``cpu_instances`` counts the CPU instances
-it holds when a worker is spawned (the new one's model included). A model loaded later does not
-shrink the pools of workers already running; a worker gets the count of the moment it starts.
+it holds when a worker is spawned (the new one's model included), plus one for each model whose
+config is still being read. A model loaded later does not shrink the pools of workers already
+running; a worker gets the count of the moment it starts.
 A model's ``INTRA_OP_THREAD_COUNT`` parameter (onnxruntime: ``intra_op_thread_count``) or
 ``--backend-config=<backend>,intra-op-thread-count=N`` still wins (pytorch: 0 there means torch's
 own default). Pure functions here; ``read_cpu_budget`` is the one that reads the machine.

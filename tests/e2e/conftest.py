@@ -40,12 +40,12 @@ def _assert_clean_after(
 
 
 @contextlib.contextmanager
-def serving(srv: ShoalServer) -> Iterator[ShoalServer]:
-    """Start ``srv`` for the ``with`` block; at its end the server must stop with exit code 0
-    and leave no segment or process behind."""
+def serving(srv: ShoalServer, timeout: float = 60.0) -> Iterator[ShoalServer]:
+    """Start ``srv`` for the ``with`` block (ready within ``timeout`` s); at its end the server
+    must stop with exit code 0 and leave no segment or process behind."""
     segments_before, procs_before = shoal_segments(), shoal_processes()
     try:
-        srv.start()
+        srv.start(timeout=timeout)
     except BaseException:  # not ready in time (or a test timeout): stop it, do not orphan it
         srv.stop()
         raise
