@@ -47,8 +47,9 @@ lint: setup
 clean:
 	rm -rf $(VENV) build *.egg-info
 
-# The side-by-side serving benchmark (writes bench/RESULTS.md); creates MLServer 1.7.1's own
-# virtualenv in bench/.venv-mlserver on first use.
+# The side-by-side serving benchmark (writes bench/RESULTS.md and the curves,
+# bench/serving_curves.png); creates MLServer 1.7.1's own virtualenv in bench/.venv-mlserver on
+# first use. About 7 minutes on 2 cores.
 bench: setup
 	$(BIN)/python -m bench.run $(BENCH_ARGS)
 

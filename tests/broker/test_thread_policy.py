@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
+from shoal.broker.model_runtime import InstanceSlot
+from shoal.broker.models import ModelManager
 from shoal.broker.thread_policy import (
     CpuBudget,
     intra_op_share,
@@ -14,6 +18,7 @@ from shoal.broker.thread_policy import (
     read_cpu_quota,
     usable_cores,
 )
+from shoal.settings import Settings
 
 
 def test_cpu_max_quota_in_cpus_and_unlimited() -> None:
@@ -104,3 +109,37 @@ def test_a_container_that_sees_its_cgroup_as_root_reads_the_mount(tmp_path: Path
 def test_no_cgroup_information_means_no_quota(tmp_path: Path) -> None:
     assert read_cpu_quota(str(tmp_path), str(tmp_path / "missing")) is None
     assert read_cpu_quota(str(tmp_path), _cgroup_file(tmp_path, "0::/\n")) is None
+
+
+# ---------------------------------------------------------------------- the broker's count
+
+
+def _manager(cores: int, runtimes: list[Any], http_workers: int = 1) -> ModelManager:
+    manager = ModelManager(Settings(model_repositories=["/nonexistent"],
+                                    http_workers=http_workers))
+    manager.cpu_budget = CpuBudget(cores, "test")
+    manager.gpu_count = 0
+    manager.runtimes = lambda: runtimes  # type: ignore[method-assign]
+    return manager
+
+
+def _runtime(name: str, *slots: InstanceSlot) -> Any:
+    return SimpleNamespace(name=name, version=1, backend="pytorch", instances=list(slots))
+
+
+def test_the_broker_counts_cpu_instances_once_each_and_models_still_reading() -> None:
+    a = _runtime("a", InstanceSlot("a_0", "CPU", 0), InstanceSlot("a_1", "CPU", 0))
+    reload_of_a = _runtime("a", InstanceSlot("a_0", "CPU", 0), InstanceSlot("a_1", "CPU", 0))
+    gpu = _runtime("g", InstanceSlot("g_0", "GPU", 0))
+    manager = _manager(16, [a, reload_of_a, gpu])
+    assert manager.cpu_instance_count() == 2
+    manager.record("still_reading").busy = True
+    assert manager.cpu_instance_count() == 3
+
+
+def test_a_cpu_worker_gets_the_share_and_a_gpu_worker_none() -> None:
+    cpu = _runtime("a", InstanceSlot("a_0", "CPU", 0), InstanceSlot("a_1", "CPU", 0))
+    gpu = _runtime("g", InstanceSlot("g_0", "GPU", 0))
+    manager = _manager(16, [cpu, gpu], http_workers=2)
+    assert manager.intra_op_threads(cpu, cpu.instances[0]) == 6  # (16 - 3) // 2
+    assert manager.intra_op_threads(gpu, gpu.instances[0]) == 0
