@@ -124,7 +124,10 @@ class Engine:
                 first, last = batch.context_rows[state.request_id]
                 state.context_logits = logits[first:last].cpu()
             rows = [batch.last_row[id(s)] for s in state.active]
-            results = self._decode(state, logits[rows], [argmax[r] for r in rows])
+            if state.plain_greedy and state.forked:
+                results = self._decode_greedy(state, [argmax[r] for r in rows])
+            else:
+                results = self._decode(state, logits[rows], [argmax[r] for r in rows])
             report.results += [(state.request_id, r) for r in results]
             if state.finished:
                 self._complete(state)
@@ -176,6 +179,18 @@ class Engine:
                 torch.tensor(batch.logits_rows, dtype=torch.long, device=device))
         return logits
 
+    def _decode_greedy(self, state: RequestState, argmax: list[int]) -> list[Result]:
+        """``_decode`` of a ``plain_greedy`` request whose sequences are forked: each takes the
+        batched argmax of its row (the same token and no log-probability, as ``choose_tokens``
+        gives such rows), without touching the logits tensor."""
+        for seq in state.active:
+            seq.num_cached = len(seq.tokens)
+        state.decoding_iter += 1
+        touched = list(state.active)
+        for seq, token in zip(touched, argmax, strict=True):
+            self._append(state, seq, token, None, None, [])
+        return self._retire(state, touched)
+
     def _decode(self, state: RequestState, logits: torch.Tensor,
                 argmax: list[int]) -> list[Result]:
         for seq in state.active:
@@ -202,6 +217,11 @@ class Engine:
             self._append(state, seq, token, log_prob, row_logits, top)
         if self.guided is not None:
             self.guided.advance(state, touched)
+        return self._retire(state, touched)
+
+    def _retire(self, state: RequestState, touched: list[Sequence]) -> list[Result]:
+        """After the sequences ``touched`` took their token: the finished ones leave (their
+        blocks go back) and the iteration's results are built."""
         state.active = [s for s in touched if not s.finished]
         for seq in touched:
             if seq.finished:
@@ -224,7 +244,7 @@ class Engine:
         return logits.expand(len(children), -1)
 
     def _append(self, state: RequestState, seq: Sequence, token: int, log_prob: float | None,
-                raw_logits: torch.Tensor, top: TopLogProbs) -> None:
+                raw_logits: torch.Tensor | None, top: TopLogProbs) -> None:
         params = state.params
         if log_prob is not None:
             seq.cum_log_prob += log_prob
@@ -236,7 +256,7 @@ class Engine:
             seq.log_probs.append(log_prob)
         if state.request.output_config.num_top_log_probs:
             seq.top_log_probs.append(top)
-        if state.request.output_config.return_generation_logits:
+        if state.request.output_config.return_generation_logits and raw_logits is not None:
             seq.pending_logits.append(raw_logits.cpu())
         seq.finish_reason = self._finish_reason(state, seq.generated)
 

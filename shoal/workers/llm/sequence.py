@@ -102,6 +102,14 @@ class RequestState:
                 early_stopping=1 if config.early_stopping is None else config.early_stopping,
                 max_new_tokens=request.max_tokens)
         self.forked = self.num_return_sequences == 1 or self.beam is not None
+        output = request.output_config
+        # greedy with nothing that needs the logits rows (the engine takes the token from the
+        # iteration's batched argmax and never slices or copies this request's logits)
+        self.plain_greedy = (self.params.greedy and not self.params.processes_logits
+                             and self.beam is None and not output.return_log_probs
+                             and not output.num_top_log_probs
+                             and not output.return_generation_logits
+                             and request.guided_decoding_params is None)
         self.context_logits: torch.Tensor | None = None
         self.context_logits_sent = False
         self.decoding_iter = 0
