@@ -47,7 +47,6 @@ from shoal.messages import (
 from shoal.model_config import backend_name, config_from_json
 from shoal.settings import Settings
 from shoal.workers.backends.fil.autocomplete import fil_auto_complete
-from shoal.workers.backends.fil.autocomplete import fil_auto_complete
 from shoal.workers.backends.onnxruntime.autocomplete import onnx_auto_complete
 from shoal.workers.backends.openvino.autocomplete import openvino_auto_complete
 from shoal.workers.backends.tensorflow.autocomplete import tensorflow_auto_complete
@@ -127,10 +126,6 @@ class ModelManager:
             default_max_batch = int(self.settings.backend_setting(
                 "tensorflow", "default-max-batch-size", "4"))
             return tensorflow_auto_complete(model_dir, config, default_max_batch)
-        if backend_name(config) == "fil":  # reads the model in a throw-away interpreter
-            default_max_batch = int(self.settings.backend_setting(
-                "fil", "default-max-batch-size", "4"))
-            return fil_auto_complete(model_dir, config, default_max_batch)
         if backend_name(config) == "fil":  # reads the model in a throw-away interpreter
             default_max_batch = int(self.settings.backend_setting(
                 "fil", "default-max-batch-size", "4"))
