@@ -153,7 +153,7 @@ def traced_run(root: pathlib.Path, concurrency: int, seconds: float) -> dict[str
         [f"--trace-config=triton,file={trace_file}", "--trace-config=triton,log-frequency=2000",
          "--trace-config=level=TIMESTAMPS", "--trace-config=rate=1"], MODEL)
     try:
-        result = load(server.port, write_body(root), concurrency, seconds)
+        result: dict[str, Any] = dict(load(server.port, write_body(root), concurrency, seconds))
     finally:  # stop it, keep the workdir: the trace files are read next
         server.process.terminate()
         server.process.wait(timeout=120)
@@ -272,10 +272,13 @@ def render(results: dict[str, Any], command: str) -> str:
     lines += ["", "One ZeroMQ hop alone (ipc DEALER -> ROUTER between two processes, msgspec "
               "InferRequestBatch out, InferResponseBatch back, both decoded):", ""]
     for row in results["zmq"]:
-        lines.append(f"- {row['in_flight']} in flight: round trip p50 "
-                     f"{row['round_trip_p50_us']:.0f} µs (one hop ~ "
-                     f"{row['round_trip_p50_us'] / 2:.0f} µs), {row['messages_per_s']:.0f} "
-                     "round trips/s")
+        if row["in_flight"] == 1:
+            lines.append(f"- 1 in flight: round trip p50 {row['round_trip_p50_us']:.0f} µs "
+                         f"(one hop ~ {row['round_trip_p50_us'] / 2:.0f} µs)")
+        else:
+            lines.append(f"- {row['in_flight']} in flight: {row['messages_per_s']:,.0f} round "
+                         f"trips/s, i.e. {1e6 / row['messages_per_s']:.0f} µs of the two "
+                         "processes' time per round trip (two hops, encode + decode each)")
     lines.append(END)
     return "\n".join(lines) + "\n"
 
