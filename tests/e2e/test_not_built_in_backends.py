@@ -1,9 +1,10 @@
-"""Models for Triton backends shoal does not ship (TensorFlow, TensorRT, DALI) fail
-their load with an UNSUPPORTED reason that says how to serve them here, while the other models
-of the repository serve."""
+"""Models for Triton backends shoal does not ship (TensorRT, DALI; TensorFlow where its extra is
+not installed) fail their load with an UNSUPPORTED reason that says how to serve them here,
+while the other models of the repository serve."""
 
 from __future__ import annotations
 
+import importlib.util
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -19,19 +20,21 @@ from tests.e2e.server import ShoalServer
 
 pytestmark = pytest.mark.e2e
 
-# platform or backend line, and the model file Triton's default name for it
+# platform or backend line, the model file Triton's default name for it, and the backend
 MODELS = {
-    "tf_model": ('platform: "tensorflow_savedmodel"', "model.savedmodel"),
-    "trt_model": ('platform: "tensorrt_plan"', "model.plan"),
-    "dali_model": ('backend: "dali"', "model.dali"),
+    "trt_model": ('platform: "tensorrt_plan"', "model.plan", "tensorrt"),
+    "dali_model": ('backend: "dali"', "model.dali", "dali"),
 }
+# with TensorFlow installed the tensorflow backend serves (tests/e2e/test_tensorflow.py)
+if importlib.util.find_spec("tensorflow") is None:
+    MODELS["tf_model"] = ('platform: "tensorflow_savedmodel"', "model.savedmodel", "tensorflow")
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
     repo = tmp_path_factory.mktemp("not-built-in")
     identity_model(repo, "identity", "FP32")
-    for name, (kind, filename) in MODELS.items():
+    for name, (kind, filename, _) in MODELS.items():
         (repo / name / "1").mkdir(parents=True)
         (repo / name / "1" / filename).write_bytes(b"not a real model")
         (repo / name / "config.pbtxt").write_text(
@@ -59,13 +62,14 @@ def test_each_fails_its_load_saying_how_to_serve_it(server: ShoalServer,
                                                     tmp_path_factory: pytest.TempPathFactory
                                                     ) -> None:
     index = _index(server)
-    for name, backend in (("tf_model", "tensorflow"), ("trt_model", "tensorrt"),
-                          ("dali_model", "dali")):
+    for name, (_, _, backend) in MODELS.items():
         entry = index[name]
         assert entry["state"] == "UNAVAILABLE", entry
         assert f"backend '{backend}' is not installed" in entry["reason"], entry
         assert str(tmp_path_factory.getbasetemp()) not in entry["reason"]
-    assert "onnxruntime" in index["tf_model"]["reason"]
+    if "tf_model" in MODELS:
+        assert "onnxruntime" in index["tf_model"]["reason"]
+        assert "pip install 'shoal[tensorflow]'" in index["tf_model"]["reason"]
 
 
 def test_the_other_models_serve(server: ShoalServer) -> None:
