@@ -57,7 +57,8 @@ logger = logging.getLogger(__name__)
 _AUTOCOMPLETE_TIMEOUT_S = 60.0
 # Backends that apply the thread policy's count (WorkerSpec.intra_op_threads); the python backend
 # only when the model file imports torch. Others get the field too but keep their own defaults.
-_THREAD_POLICY_BACKENDS = frozenset({"pytorch", "onnxruntime", "python", "llm", "openvino"})
+_THREAD_POLICY_BACKENDS = frozenset({"pytorch", "onnxruntime", "python", "llm", "openvino",
+                                     "tensorflow"})
 
 
 def python_auto_complete(model_dir: str, config: object) -> object:

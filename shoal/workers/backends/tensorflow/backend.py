@@ -90,7 +90,7 @@ class TensorflowBackend:
 
         tf = self._tf = import_tensorflow()
         intra, inter = thread_counts(params, config, ctx.backend_settings,
-                                     int(getattr(ctx, "default_intra_op_threads", 0)))
+                                     ctx.default_intra_op_threads)
         _size_thread_pools(tf, intra, inter)
         self._device = self._device_for(tf, ctx)
         try:
