@@ -85,3 +85,15 @@ def write_model(repo: pathlib.Path, name: str, module: Any, config: str | None =
     if config is not None:
         (model_dir / "config.pbtxt").write_text(config)
     return save(module, model_dir / "1" / "model.savedmodel", **signatures)
+
+
+def add_sub_graphdef() -> bytes:
+    """A frozen GraphDef: placeholders INPUT0, INPUT1 FP32 [batch, 4] -> nodes OUTPUT0 (sum),
+    OUTPUT1 (difference)."""
+    graph = tf.Graph()
+    with graph.as_default():
+        a = tf.compat.v1.placeholder(tf.float32, [None, 4], name="INPUT0")
+        b = tf.compat.v1.placeholder(tf.float32, [None, 4], name="INPUT1")
+        tf.identity(a + b, name="OUTPUT0")
+        tf.identity(a - b, name="OUTPUT1")
+    return bytes(graph.as_graph_def().SerializeToString())

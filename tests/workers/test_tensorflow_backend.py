@@ -236,3 +236,51 @@ def test_thread_counts_parameter_then_backend_config_then_policy_then_share() ->
     bad = config('parameters { key: "TF_NUM_INTER_THREADS" value: { string_value: "-2" } }')
     with pytest.raises(ShoalError, match="'TF_NUM_INTER_THREADS' must be non-negative"):
         tf_parameters(bad)
+
+
+GRAPHDEF = ADD_SUB.replace('name: "add_sub"\nplatform: "tensorflow_savedmodel"',
+                           'name: "add_sub"\nplatform: "tensorflow_graphdef"')
+
+
+def loaded_graphdef(tmp_path: pathlib.Path, pbtxt: str) -> TensorflowBackend:
+    ctx = make_context(tmp_path / "m", pbtxt)
+    (pathlib.Path(ctx.version_dir) / "model.graphdef").write_bytes(models.add_sub_graphdef())
+    backend = TensorflowBackend()
+    backend.load(ctx)
+    return backend
+
+
+def test_a_graphdef_runs_by_node_names_and_batches(tmp_path: pathlib.Path) -> None:
+    assert "tensorflow_graphdef" in GRAPHDEF
+    backend = loaded_graphdef(tmp_path, GRAPHDEF)
+    rng = np.random.default_rng(4)
+    pairs = [(rng.standard_normal((n, 4)).astype(np.float32),
+              rng.standard_normal((n, 4)).astype(np.float32)) for n in (2, 1)]
+    answers = backend.execute([make_request(i, {"INPUT0": a, "INPUT1": b}, batch_size=len(a))
+                               for i, (a, b) in enumerate(pairs)])
+    for (a, b), answer in zip(pairs, answers, strict=True):
+        np.testing.assert_allclose(outputs(answer)["OUTPUT0"], a + b, rtol=1e-6)
+        np.testing.assert_allclose(outputs(answer)["OUTPUT1"], a - b, rtol=1e-6)
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (('{ name: "INPUT1"', '{ name: "add"'),
+     "unexpected inference input 'add', allowed inputs are: INPUT0, INPUT1"),
+    (('{ name: "OUTPUT1"', '{ name: "nowhere"'), "unexpected inference output 'nowhere'"),
+    (("TYPE_FP32 dims: [ 4 ] },\n        { name: \"INPUT1\"",
+      "TYPE_INT64 dims: [ 4 ] },\n        { name: \"INPUT1\""),
+     "configuration expects datatype TYPE_INT64 for input 'INPUT0', model provides TYPE_FP32"),
+])
+def test_a_graphdef_config_naming_other_nodes_fails_the_load(
+        tmp_path: pathlib.Path, change: tuple[str, str], message: str) -> None:
+    assert change[0] in GRAPHDEF
+    with pytest.raises(ShoalError) as info:
+        loaded_graphdef(tmp_path, GRAPHDEF.replace(*change))
+    assert message in info.value.message
+
+
+def test_a_corrupt_graphdef_fails_the_load_clearly(tmp_path: pathlib.Path) -> None:
+    ctx = make_context(tmp_path / "m", GRAPHDEF)
+    (pathlib.Path(ctx.version_dir) / "model.graphdef").write_bytes(b"\x0a\x05 not a graph")
+    with pytest.raises(ShoalError, match=r"cannot parse GraphDef 'add_sub/1/model\.graphdef'"):
+        TensorflowBackend().load(ctx)

@@ -6,7 +6,8 @@ The signature Triton would serve is read and the config checked against it
 (``signature.py``, ``config_check.py``); then TensorFlow's thread pools are sized
 (``params.thread_counts``; they are per process, and a worker holds one instance) and the
 SavedModel is loaded with ``tf.saved_model.load`` under the graph tag; the signature's
-function is what runs.
+function is what runs. A ``tensorflow_graphdef`` model (``model.graphdef``, a file) is checked
+and run by ``graphdef.py`` instead.
 
 Execute: with ``max_batch_size > 0`` the requests of a batch run as one call (each input joined
 along dim 0, zero-copy when the slices are adjacent in shared memory, then handed to
@@ -33,6 +34,7 @@ from shoal.workers.backends.base import (
 )
 from shoal.workers.backends.tensorflow.autocomplete import DEFAULT_MODEL_FILENAME
 from shoal.workers.backends.tensorflow.config_check import check_config
+from shoal.workers.backends.tensorflow.graphdef import Run, load_graphdef
 from shoal.workers.backends.tensorflow.params import tf_parameters, thread_counts
 from shoal.workers.backends.tensorflow.runtime import import_tensorflow
 from shoal.workers.backends.tensorflow.signature import read_signature
@@ -43,6 +45,7 @@ logger = logging.getLogger(__name__)
 
 Array = npt.NDArray[Any]
 GRAPHDEF_PLATFORM: Final = "tensorflow_graphdef"
+GRAPHDEF_FILENAME: Final = "model.graphdef"
 
 
 class TensorflowBackend:
@@ -53,7 +56,7 @@ class TensorflowBackend:
         self._outputs: list[IoSpec] = []
         self._tf: Any = None
         self._loaded: Any = None  # keeps the SavedModel's variables alive
-        self._function: Any = None  # the serving signature's concrete function
+        self._function: Run | None = None  # {input: tensor} -> {output: tensor}
         self._device = "/CPU:0"
 
     # ------------------------------------------------------------------ load
@@ -61,11 +64,6 @@ class TensorflowBackend:
     def load(self, ctx: InstanceContext) -> None:
         config = ctx.config
         model = ctx.model_name
-        if config.platform == GRAPHDEF_PLATFORM:
-            raise ShoalError(ErrorCode.UNSUPPORTED,
-                             f"model '{model}': the tensorflow backend serves SavedModels only, "
-                             "not tensorflow_graphdef: save the model with "
-                             "tf.saved_model.save and set platform: \"tensorflow_savedmodel\"")
         if len(config.batch_input) or (config.HasField("sequence_batching")
                                        and len(config.sequence_batching.state)):
             raise ShoalError(ErrorCode.UNSUPPORTED,
@@ -74,34 +72,55 @@ class TensorflowBackend:
         self._name = ctx.instance_name
         self._max_batch = int(config.max_batch_size)
         params = tf_parameters(config)
-        filename = config.default_model_filename or DEFAULT_MODEL_FILENAME
+        graphdef = config.platform == GRAPHDEF_PLATFORM
+        filename = config.default_model_filename or (
+            GRAPHDEF_FILENAME if graphdef else DEFAULT_MODEL_FILENAME)
         path = os.path.join(ctx.version_dir, filename)
         shown = f"{model}/{ctx.model_version}/{filename}"
-        if not os.path.isdir(path):
-            raise invalid_arg(f"unable to find '{shown}' for model instance '{self._name}': a "
-                              "SavedModel directory (saved_model.pb and variables/)")
-        signature = read_signature(path, model, params.graph_tag, params.signature_def)
-        check_config(model, config, signature)
+        if not (os.path.isfile(path) if graphdef else os.path.isdir(path)):
+            kind = ("a GraphDef file" if graphdef
+                    else "a SavedModel directory (saved_model.pb and variables/)")
+            raise invalid_arg(f"unable to find '{shown}' for model instance '{self._name}': "
+                              f"{kind}")
         self._inputs = [io_spec(io) for io in config.input]
-        controls = sorted({c.name for c in config.sequence_batching.control_input})
-        self._inputs += [IoSpec(name, t.datatype, t.dims, None) for name in controls
-                         for t in signature.inputs if t.name == name]
         self._outputs = [io_spec(io) for io in config.output]
+        signature = None
+        if not graphdef:
+            signature = read_signature(path, model, params.graph_tag, params.signature_def)
+            check_config(model, config, signature)
+            controls = sorted({c.name for c in config.sequence_batching.control_input})
+            self._inputs += [IoSpec(name, t.datatype, t.dims, None) for name in controls
+                             for t in signature.inputs if t.name == name]
 
         tf = self._tf = import_tensorflow()
         intra, inter = thread_counts(params, config, ctx.backend_settings,
                                      ctx.default_intra_op_threads)
         _size_thread_pools(tf, intra, inter)
         self._device = self._device_for(tf, ctx)
+        with tf.device(self._device):
+            if signature is None:
+                self._function = load_graphdef(tf, path, shown, model, config)
+            else:
+                self._function = self._load_savedmodel(tf, path, shown, model, params.graph_tag,
+                                                       signature.key)
+        logger.info("tensorflow instance '%s': %s on %s, %d intra-op / %d inter-op thread(s)",
+                    self._name, "GraphDef" if signature is None else
+                    f"signature '{signature.key}'", self._device, intra, inter)
+
+    def _load_savedmodel(self, tf: Any, path: str, shown: str, model: str, tag: str,
+                         key: str) -> Run:
         try:
-            with tf.device(self._device):
-                self._loaded = tf.saved_model.load(path, tags=[params.graph_tag])
-            self._function = self._loaded.signatures[signature.key]
+            self._loaded = tf.saved_model.load(path, tags=[tag])
+            function = self._loaded.signatures[key]
         except Exception as exc:
             raise invalid_arg(f"unable to load model '{model}': cannot load SavedModel "
-                              f"'{filename}': {_last_line(exc).replace(path, shown)}") from None
-        logger.info("tensorflow instance '%s': signature '%s' on %s, %d intra-op / %d inter-op "
-                    "thread(s)", self._name, signature.key, self._device, intra, inter)
+                              f"'{os.path.basename(path)}': "
+                              f"{_last_line(exc).replace(path, shown)}") from None
+
+        def run(feeds: dict[str, Any]) -> dict[str, Any]:
+            return dict(function(**feeds))
+
+        return run
 
     @staticmethod
     def _device_for(tf: Any, ctx: InstanceContext) -> str:
@@ -156,6 +175,7 @@ class TensorflowBackend:
             return [error] * len(batch)
 
     def _run(self, batch: list[BackendRequest]) -> list[BackendResponse | Error]:
+        assert self._function is not None
         tf = self._tf
         batched = self._max_batch > 0
         sizes = [request.batch_size for request in batch]
@@ -172,7 +192,7 @@ class TensorflowBackend:
             feeds[spec.name] = tf.constant(joined, dtype=tf.string if spec.datatype == "BYTES"
                                            else None)
         with tf.device(self._device):
-            produced = self._function(**feeds)
+            produced = self._function(feeds)
         pieces: dict[str, list[Array]] = {}
         for spec in self._outputs:
             array = produced[spec.name].numpy()
