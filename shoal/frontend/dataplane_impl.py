@@ -272,7 +272,7 @@ class FrontendDataPlane:
     def _output_bytes(self, ref: TensorRef, request_id: int) -> bytes | memoryview | None:
         """An answer's output bytes to keep in the cache: from the worker's segment, or back
         from the client system region it was written to."""
-        if ref.region.startswith(self.settings.segment_prefix):
+        if ref.inline is not None or ref.region.startswith(self.settings.segment_prefix):
             return self.output_view(ref)
         if self._shared_memory is None:
             return None
@@ -322,6 +322,8 @@ class FrontendDataPlane:
             self.release(future.result().lease)
 
     def output_view(self, ref: TensorRef) -> memoryview:
+        if ref.inline is not None:  # a small streamed response's bytes, in the message
+            return memoryview(ref.inline)
         cache = self.response_cache
         if cache is not None and cache.lends(ref.region):
             return cache.view(ref)

@@ -34,7 +34,10 @@ class TensorRef(msgspec.Struct, frozen=True, array_like=True):
     A region that does not start with the server's segment prefix is a client-registered object
     (system shared memory extension); readers re-check its real size before touching it.
     With ``cuda`` set the bytes are in a client's CUDA allocation instead: ``region`` is empty
-    and ``offset`` counts from the allocation's start."""
+    and ``offset`` counts from the allocation's start.
+    With ``inline`` set the bytes travel in the message itself: a worker's streamed response of
+    a few bytes (``workers/outputs.INLINE_MAX_BYTES``, e.g. one token of an LLM stream) needs no
+    arena slot and no lease; ``region`` is then empty."""
 
     name: str
     datatype: str
@@ -43,6 +46,7 @@ class TensorRef(msgspec.Struct, frozen=True, array_like=True):
     offset: int
     nbytes: int
     cuda: CudaHandle | None = None
+    inline: bytes | None = None
 
 
 class OutputTarget(msgspec.Struct, frozen=True, array_like=True):

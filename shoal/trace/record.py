@@ -117,7 +117,8 @@ class RequestTrace:
         if not self.tensors:
             return
         for ref in refs:
-            if ref.cuda is None and ref.region.startswith(SERVER_SEGMENTS):
+            if ref.cuda is None and (ref.inline is not None
+                                     or ref.region.startswith(SERVER_SEGMENTS)):
                 try:
                     data = bytes(view(ref))
                 except ShoalError:

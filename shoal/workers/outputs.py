@@ -5,7 +5,10 @@ named one.
 Contract: every arena-backed output of one write call lives in one arena slot, the call's lease;
 the frontend releases each response's lease once, and the slot is freed when every response that
 got the lease has released it (reference count = responses with arena outputs). Outputs written
-into a client region need no lease. Callers serialize calls (the worker holds its output lock).
+into a client region need no lease. A streamed response (``write_one``) whose outputs all go to
+the arena and take at most ``INLINE_MAX_BYTES`` carries their bytes inline in its TensorRefs
+instead: no slot, no lease, no release round trip (an LLM stream sends one such response per
+token). Callers serialize calls (the worker holds its output lock).
 An output may be a torch tensor (any device): it goes tensor to tensor into a CUDA region, and
 to the host first anywhere else. Copies into CUDA regions may still run when a call returns: the
 caller synchronizes (``DeviceRegions.synchronize``) before it answers.
@@ -25,12 +28,13 @@ from shoal.errors import ErrorCode, ShoalError, invalid_arg
 from shoal.messages import Error, Lease, OutputTarget, RequestedOutput, Result, TensorRef
 from shoal.shm.arena import Arena, Slot
 from shoal.shm.client_regions import ClientRegions
-from shoal.shm.tensors import wire_nbytes, write_array
+from shoal.shm.tensors import array_to_bytes, wire_nbytes, write_array
 from shoal.workers.backends.base import BackendResponse, OutputTensor
 from shoal.workers.device_regions import DeviceRegions, host_array, is_torch_tensor
 from shoal.workers.output_lending import OutputLender
 
 _ALIGN = 64
+INLINE_MAX_BYTES = 512  # a streamed response this small (arena bytes, aligned) rides inline
 
 
 def _align(n: int) -> int:
@@ -59,6 +63,13 @@ class _Placed:
         """Bytes to copy into the call's own slot."""
         return sum(_align(n) for n, t, lent in zip(self.sizes, self.targets, self.in_place,
                                                    strict=True) if t is None and lent is None)
+
+    @property
+    def fits_inline(self) -> bool:
+        """Every output goes to the arena (no client target, none lent) and they are small."""
+        return (0 < self.arena_bytes <= INLINE_MAX_BYTES
+                and all(t is None for t in self.targets)
+                and all(lent is None for lent in self.in_place))
 
     @property
     def holds_lease(self) -> bool:
@@ -125,6 +136,8 @@ class OutputWriter:
         placed = self._place(response, requested)
         if isinstance(placed, Error):
             raise ShoalError(placed.code, placed.message)
+        if placed.fits_inline:
+            return _inline(placed), placed.parameters, None
         slot, lease = self._lease(placed.arena_bytes, 1 if placed.holds_lease else 0,
                                   [lent[0] for lent in placed.in_place if lent])
         try:
@@ -198,6 +211,16 @@ class OutputWriter:
                                   slot.offset + position, nbytes))
             position += _align(nbytes)
         return refs, position
+
+
+def _inline(placed: _Placed) -> list[TensorRef]:
+    """The outputs of a small streamed response as TensorRefs carrying their bytes."""
+    refs: list[TensorRef] = []
+    for tensor, nbytes in zip(placed.tensors, placed.sizes, strict=True):
+        data = array_to_bytes(tensor.array, tensor.datatype)
+        refs.append(TensorRef(tensor.name, tensor.datatype, [int(d) for d in tensor.array.shape],
+                              "", 0, nbytes, inline=data))
+    return refs
 
 
 def _select_outputs(

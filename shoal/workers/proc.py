@@ -208,7 +208,9 @@ class WorkerProc:
     def _input_value(self, ref: TensorRef) -> Any:
         if ref.cuda is not None:
             return self.device_regions.input_value(ref, self.backend, self.device)
-        if ref.region.startswith(self.settings.segment_prefix):
+        if ref.inline is not None:  # an ensemble step's input from a small streamed answer
+            view = memoryview(bytearray(ref.inline))
+        elif ref.region.startswith(self.settings.segment_prefix):
             view = self.inputs.view(ref.region, ref.offset, ref.nbytes, readonly=False)
         else:
             view = self.client_regions.view(ref.region, ref.offset, ref.nbytes, ref.name)
