@@ -59,6 +59,7 @@ from shoal.messages import (
     StatsReply,
     StatsRequest,
     StreamResponse,
+    StreamResponses,
     UnloadModel,
     WorkerLoadFailed,
     WorkerReady,
@@ -365,20 +366,27 @@ class BrokerLoop:
                 if slot.worker is not None and slot.worker.state is WorkerState.IDLE:
                     self.rate_limiter.stage(slot.worker.identity, slot.device_id,
                                             slot.rate_needs)
+        self.grant_rate_limited(now)
 
-        def start(identity: str) -> bool:
-            entry = self.workers.entries.get(identity)
-            if entry is None or entry[0].state is not WorkerState.IDLE:
-                return False
-            handle, granted, _slot = entry
-            batch = granted.scheduler.next_batch(now)
-            if not batch:
-                return False
-            self.send_batch(granted, handle, [q.key for q in batch], now)
-            return True
-
-        while self.rate_limiter.grant_next(start):
+    def grant_rate_limited(self, now: float) -> None:
+        assert self.rate_limiter is not None
+        while self.rate_limiter.grant_next(lambda identity: self.start_granted(identity, now)):
             pass
+
+    def start_granted(self, identity: str, now: float) -> bool:
+        """The rate limiter granted this worker its resources: send it a batch. False if it has
+        nothing to run (or is no longer idle); the limiter then takes nothing."""
+        entry = self.workers.entries.get(identity)
+        if entry is None or entry[0].state is not WorkerState.IDLE:
+            return False
+        handle, runtime, slot = entry
+        if runtime.sequence is not None:
+            return self.run_sequence_work(runtime, runtime.instances.index(slot), handle, now)
+        batch = runtime.scheduler.next_batch(now)
+        if not batch:
+            return False
+        self.send_batch(runtime, handle, [q.key for q in batch], now)
+        return True
 
     def dispatch_sequences(self, runtime: ModelVersionRuntime, now: float) -> None:
         assert runtime.sequence is not None
@@ -386,16 +394,28 @@ class BrokerLoop:
             worker = slot.worker
             if worker is None or worker.state is not WorkerState.IDLE:
                 continue
-            work = runtime.sequence.work_for(index, self.next_batch_id, now)
-            if work is None:
-                continue
-            if work.error is not None:
-                error = Error(work.error.code, work.error.message)
-                for key in work.keys:
-                    self.finish_error(runtime, key, error, "OTHER", now)
-                continue
-            self.send_batch(runtime, worker, work.keys, now, work.rows, work.controls,
-                            work.states)
+            if self.rate_limiter is None:
+                self.run_sequence_work(runtime, index, worker, now)
+            elif runtime.sequence.has_work(index, now):
+                self.rate_limiter.stage(worker.identity, slot.device_id, slot.rate_needs)
+        if self.rate_limiter is not None:
+            self.grant_rate_limited(now)
+
+    def run_sequence_work(self, runtime: ModelVersionRuntime, index: int,
+                          worker: WorkerHandle, now: float) -> bool:
+        """Send instance ``index``'s next sequence batch, if any; True if one was sent."""
+        assert runtime.sequence is not None
+        work = runtime.sequence.work_for(index, self.next_batch_id, now)
+        if work is None:
+            return False
+        if work.error is not None:
+            error = Error(work.error.code, work.error.message)
+            for key in work.keys:
+                self.finish_error(runtime, key, error, "OTHER", now)
+            return False
+        self.send_batch(runtime, worker, work.keys, now, work.rows, work.controls,
+                        work.states)
+        return True
 
     def send_batch(self, runtime: ModelVersionRuntime, worker: WorkerHandle,
                    keys: list[RequestKey], now: float, rows: list[int] | None = None,
@@ -427,6 +447,9 @@ class BrokerLoop:
             self.on_batch_result(handle, runtime, message, now)
         elif isinstance(message, StreamResponse):
             self.on_stream_response(handle, runtime, message, now)
+        elif isinstance(message, StreamResponses):
+            for response in message.responses:
+                self.on_stream_response(handle, runtime, response, now)
         elif isinstance(message, WorkerReady):
             if self.stopping or runtime.retiring:  # it connected after the shutdown began
                 handle.state = WorkerState.STOPPING

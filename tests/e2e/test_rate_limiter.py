@@ -34,12 +34,12 @@ class TritonPythonModel:
 
 SHARED = 'rate_limiter { resources [{ name: "SHARED" global: true count: 1 }] }'
 LIMITED = ["--rate-limit=execution_count", "--rate-limit-resource=SHARED:1",
-           "--rate-limit-resource=TURN:1",
+           "--rate-limit-resource=TURN:1", "--rate-limit-resource=SEQ:1",
            "--rate-limit-resource=SOLO:1", "--rate-limit-resource=X:1",
            "--exit-on-error=false", "--strict-readiness=false"]
 
 
-def timed_model(repo: pathlib.Path, name: str, rate_limiter: str) -> None:
+def timed_model(repo: pathlib.Path, name: str, rate_limiter: str, scheduling: str = "") -> None:
     (repo / name / "1").mkdir(parents=True)
     (repo / name / "1" / "model.py").write_text(textwrap.dedent(TIMED_MODEL))
     (repo / name / "config.pbtxt").write_text(textwrap.dedent(f"""
@@ -50,6 +50,7 @@ def timed_model(repo: pathlib.Path, name: str, rate_limiter: str) -> None:
         output [{{ name: "START" data_type: TYPE_FP64 dims: [ 1 ] }},
                 {{ name: "END" data_type: TYPE_FP64 dims: [ 1 ] }}]
         instance_group [{{ kind: KIND_CPU count: 1 {rate_limiter} }}]
+        {scheduling}
     """))
 
 
@@ -66,6 +67,9 @@ def limited_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalSe
     for name, priority in (("favoured", 1), ("second", 2)):
         timed_model(repo, name, 'rate_limiter { resources [{ name: "TURN" global: true count: 1 '
                     f'}}] priority: {priority} }}')
+    for name in ("seq_left", "seq_right"):
+        timed_model(repo, name, 'rate_limiter { resources [{ name: "SEQ" global: true count: 1 '
+                    '}] }', "sequence_batching { }")
     timed_model(repo, "nameless", 'rate_limiter { resources [{ name: "" count: 1 }] }')
     timed_model(repo, "clash_global", 'rate_limiter { resources [{ name: "X" global: true '
                 'count: 1 }] }')
@@ -81,15 +85,23 @@ def unlimited_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shoal
         yield srv
 
 
-def executions(server: ShoalServer, per_model: int = 4) -> dict[str, list[tuple[float, float]]]:
-    """``per_model`` concurrent requests to each of left and right: their (start, end)."""
-    body = {"inputs": [{"name": "X", "shape": [1], "datatype": "FP32", "data": [0.15]}]}
+def executions(server: ShoalServer, per_model: int = 4, pair: tuple[str, str] = ("left", "right"),
+               ) -> dict[str, list[tuple[float, float]]]:
+    """``per_model`` concurrent requests to each model of ``pair`` (as "left" and "right"):
+    their (start, end). Each request is a whole sequence (start and end) for sequence models."""
+    body: dict[str, object] = {
+        "inputs": [{"name": "X", "shape": [1], "datatype": "FP32", "data": [0.15]}]}
+    sequence_ids = iter(range(1, 1000))
 
-    def call(model: str) -> tuple[str, tuple[float, float]]:
-        r = httpx.post(f"{server.base}/v2/models/{model}/infer", json=body, timeout=60)
+    def call(side: str) -> tuple[str, tuple[float, float]]:
+        model = pair[0] if side == "left" else pair[1]
+        parameters = {"sequence_id": next(sequence_ids), "sequence_start": True,
+                      "sequence_end": True}
+        request = {**body, "parameters": parameters} if model.startswith("seq_") else body
+        r = httpx.post(f"{server.base}/v2/models/{model}/infer", json=request, timeout=60)
         assert r.status_code == 200, r.text
         outputs = {o["name"]: o["data"][0] for o in r.json()["outputs"]}
-        return model, (outputs["START"], outputs["END"])
+        return side, (outputs["START"], outputs["END"])
 
     models = ["left", "right"] * per_model
     with concurrent.futures.ThreadPoolExecutor(len(models)) as pool:
@@ -116,13 +128,19 @@ def test_models_sharing_one_global_copy_never_execute_together(
     assert queued_s > 3.0, queued_s
 
 
+def test_sequence_models_sharing_one_global_copy_never_execute_together(
+        limited_server: ShoalServer) -> None:
+    spans = executions(limited_server, pair=("seq_left", "seq_right"))
+    assert not overlapping(spans), f"executions overlapped: {overlapping(spans)}"
+
+
 def test_without_the_limiter_the_same_models_overlap(unlimited_server: ShoalServer) -> None:
     spans = executions(unlimited_server)
     assert overlapping(spans), f"no execution of left overlapped one of right: {spans}"
 
 
 ALL_MODELS = ["greedy", "nameless", "clash_global", "clash_device", "left", "right",
-              "favoured", "second"]
+              "favoured", "second", "seq_left", "seq_right"]
 
 
 def test_priority_two_gets_half_the_turns_of_priority_one(limited_server: ShoalServer) -> None:

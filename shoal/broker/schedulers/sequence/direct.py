@@ -65,6 +65,11 @@ class DirectSequenceBatcher(SequenceBatcherCore):
         filler = plan.first if any(row.request is None for row in rows) else None
         return SequenceBatch(instance, tuple(rows), filler, tuple(released))
 
+    def has_batch(self, instance: int, now: float) -> bool:
+        """Whether ``next_batch(instance, now)`` would give an execution (nothing is taken)."""
+        plan = self._plan(self.slots_of(instance), now)
+        return plan.send and plan.first is not None
+
     def _plan(self, slots: list[Slot], now: float) -> _Plan:
         first: SequenceRequest | None = None
         last = -1

@@ -52,6 +52,10 @@ class OldestSequenceBatcher(SequenceBatcherCore):
         released = tuple(serial for t in taken for serial in t.released)
         return SequenceBatch(instance, tuple(t.row for t in taken), None, released)
 
+    def has_batch(self, instance: int, now: float) -> bool:
+        """Whether ``next_batch(instance, now)`` would give an execution (nothing is taken)."""
+        return self._batchers[instance].has_batch(now)
+
     def _slot_changed(self, slot: Slot, now: float) -> None:
         self._issue(slot, now)
 

@@ -75,6 +75,11 @@ class SequenceScheduling:
             timeout_us=request.timeout_us, shape_signature=signature,
             correlation_id=request.correlation_id, flags=request.flags), now)
 
+    def has_work(self, instance: int, now: float) -> bool:
+        """Whether ``work_for(instance, ...)`` would give work now (the rate limiter stages an
+        instance only then); nothing is taken."""
+        return self.batcher.has_batch(instance, now)
+
     def work_for(self, instance: int, batch_id: int, now: float) -> SequenceWork | None:
         batch = self.batcher.next_batch(instance, now)
         if batch is None:

@@ -176,3 +176,13 @@ def test_the_wrong_strategy_is_refused() -> None:
         DirectSequenceBatcher(config(strategy="oldest"), 1)
     with pytest.raises(ValueError, match="at least one instance"):
         DirectSequenceBatcher(config(), 0)
+
+
+def test_has_batch_follows_next_batch_without_taking_anything() -> None:
+    scheduler = batcher(max_batch_size=4, max_queue_delay_us=100_000, minimum_slot_utilization=0.5)
+    assert not scheduler.has_batch(0, 1.0)
+    submit_all(scheduler, request(0, 10, START, at=1.0))
+    assert not scheduler.has_batch(0, 1.05)  # waiting for the delay
+    assert scheduler.has_batch(0, 1.1)
+    assert scheduler.pending_count() == 1
+    assert numbers(scheduler.next_batch(0, 1.1)) == [0]

@@ -204,3 +204,13 @@ def test_a_busy_freed_slot_is_used_when_no_other_is_free() -> None:
     assert numbers(first) == [0] and first is not None
     scheduler.on_batch_done(first, 0.1)
     assert numbers(scheduler.next_batch(0, 0.1)) == [1]
+
+
+def test_has_batch_follows_next_batch_without_taking_anything() -> None:
+    scheduler = batcher(max_queue_delay_us=100_000)
+    assert not scheduler.has_batch(0, 0.0)
+    submit_all(scheduler, request(0, 10, START, at=0.0))
+    assert not scheduler.has_batch(0, 0.05)  # waiting for the delay
+    assert scheduler.has_batch(0, 0.1)
+    assert scheduler.pending_count() == 1
+    assert numbers(run(scheduler, now=0.1)) == [0]
