@@ -156,7 +156,7 @@ def render(results: dict[str, Any], command: str) -> str:
                      f"{ms(row['client_request'])} | {ms(row['client_answer'])} | "
                      f"{ms(row['frontend_now'])} ({row['frontend_now'] / row['memcpy']:.1f}x "
                      f"memcpy) | {ms(row['frontend_protobuf'])} | {ms(row['worker'])} | "
-                     f"{ms(rest)} |")
+                     f"{ms(rest) if rest > 0 else '— (noise: the in-process parts ran slower)'} |")
     lines += ["", "Client and frontend columns are timed in process (no server): the client's "
               "is tritonclient's own protobuf work, not shoal's. The frontend's \"now\" is "
               "parse (raw inputs stay views of the received bytes), one copy into the arena, "

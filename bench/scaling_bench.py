@@ -24,6 +24,7 @@ import asyncio
 import json
 import os
 import pathlib
+import statistics
 import tempfile
 import urllib.request
 from typing import Any
@@ -119,12 +120,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
-def projection(row: dict[str, Any], cores: int) -> float:
-    """req/s on ``cores`` cores from one setting's CPU µs per request: the broker's one thread
-    caps it; the other cores serve the frontends and workers (the clients run elsewhere)."""
-    broker_cap = 1e6 / max(row["broker_cpu_us"], 1e-9)
-    others = row["frontend_cpu_us"] + row["worker_cpu_us"]
-    return float(min(broker_cap, (cores - 1) * 1e6 / max(others, 1e-9)))
+def median_costs(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Each role's CPU µs per request, the median over the settings (the same work per
+    request in each; the median keeps one disturbed run out)."""
+    return {name: statistics.median(row[f"{name}_cpu_us"] for row in rows)
+            for name in ("broker", "frontend", "worker")}
+
+
+def projection(costs: dict[str, float], cores: int) -> float:
+    """req/s on ``cores`` cores from CPU µs per request: the broker's one thread caps it; the
+    other cores serve the frontends and workers (the clients run elsewhere)."""
+    broker_cap = 1e6 / max(costs["broker"], 1e-9)
+    others = costs["frontend"] + costs["worker"]
+    return min(broker_cap, (cores - 1) * 1e6 / max(others, 1e-9))
 
 
 def render(results: dict[str, Any], command: str) -> str:
@@ -150,10 +158,13 @@ def render(results: dict[str, Any], command: str) -> str:
             f"{row['mean_batch']:.1f} | {row['broker_cpu_us']:.0f} | "
             f"{row['frontend_cpu_us']:.0f} | {row['worker_cpu_us']:.0f} | "
             f"{row['client_cpu_us']:.0f} | {1e6 / max(row['broker_cpu_us'], 1e-9):,.0f} |")
-    lines += ["", "Projection from the 1/1 row's CPU costs (the broker's one thread caps "
-              "throughput; the other cores run frontends and workers; clients elsewhere): "
-              + ", ".join(f"{cores} cores ~ {projection(rows[0], cores):,.0f} req/s"
-                          for cores in (2, 16, 64)) + ".", END]
+    costs = median_costs(rows)
+    lines += ["", f"Median CPU µs per request over the settings: broker {costs['broker']:.0f}, "
+              f"frontend {costs['frontend']:.0f}, worker {costs['worker']:.0f}. Projection "
+              "(the broker's one thread caps throughput at 1e6 / broker µs; the other cores run "
+              "frontends and workers; clients elsewhere): "
+              + ", ".join(f"{cores} cores ~ {projection(costs, cores):,.0f} req/s"
+                          for cores in (2, 4, 16, 64)) + ".", END]
     return "\n".join(lines) + "\n"
 
 
