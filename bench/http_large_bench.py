@@ -54,8 +54,8 @@ REPEATS = {1: 30, 16: 15, 64: 9, 256: 5}
 
 
 @contextlib.contextmanager
-def server(root: pathlib.Path,
-           checkout: pathlib.Path | None) -> Iterator[tuple[int, servers.Server]]:
+def server(root: pathlib.Path, checkout: pathlib.Path | None,
+           extra_args: list[str]) -> Iterator[tuple[int, servers.Server]]:
     """The HTTP port of a server (from ``checkout``'s sources when given) for the block."""
     repo = write_repository(root)
     http, grpc, metrics = servers.free_port(), servers.free_port(), servers.free_port()
@@ -65,7 +65,8 @@ def server(root: pathlib.Path,
     command = [sys.executable, "-m", "shoal", "serve", f"--model-repository={repo}",
                f"--http-port={http}", f"--grpc-port={grpc}", f"--metrics-port={metrics}",
                "--http-address=127.0.0.1", "--grpc-address=127.0.0.1",
-               f"--http-max-input-size={512 * 2**20}", f"--shm-arena-byte-size={2 * 2**30}"]
+               f"--http-max-input-size={512 * 2**20}", f"--shm-arena-byte-size={2 * 2**30}",
+               *extra_args]
     with open(root / "shoal.log", "wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
                                    cwd=checkout)
@@ -225,10 +226,11 @@ def measure_client_codec(x: np.ndarray, repeat: int) -> dict[str, float]:
     return {"client_encode": timed(encode, repeat), "client_decode": timed(decode, repeat)}
 
 
-def run(sizes: list[int], checkout: pathlib.Path | None) -> list[dict[str, Any]]:
+def run(sizes: list[int], checkout: pathlib.Path | None,
+        extra_args: list[str]) -> list[dict[str, Any]]:
     rows = []
     with tempfile.TemporaryDirectory(prefix="shoal-http-large-") as tmp, \
-            server(pathlib.Path(tmp), checkout) as (port, running):
+            server(pathlib.Path(tmp), checkout, extra_args) as (port, running):
         for size_mb in sizes:
             x = np.random.default_rng(size_mb).standard_normal(size_mb * 2**18,
                                                                dtype=np.float32)
@@ -251,8 +253,11 @@ def main() -> None:
     parser.add_argument("--sizes", default="64", help="comma-separated MB")
     parser.add_argument("--checkout", type=pathlib.Path, default=None,
                         help="serve from this source tree (e.g. a git worktree of a base)")
+    parser.add_argument("--server-arg", action="append", default=[],
+                        help="one more `shoal serve` flag, e.g. --server-arg="
+                        "--shm-segment-byte-size=134217728 (repeatable)")
     args = parser.parse_args()
-    rows = run([int(s) for s in args.sizes.split(",")], args.checkout)
+    rows = run([int(s) for s in args.sizes.split(",")], args.checkout, args.server_arg)
     print("| size | memcpy | raw round trip | loopback floor | server's part | x memcpy "
           "| CPU frontend / broker / worker | tritonclient round trip | tritonclient encode "
           "| decode |")
