@@ -18,6 +18,8 @@ from shoal.messages import (
     ReleaseLeases,
     RequestedOutput,
     Result,
+    StreamResponse,
+    StreamResponses,
     TensorRef,
     UnknownMessage,
     WorkerReady,
@@ -37,6 +39,9 @@ MESSAGES = [
     BatchResult(3, [Result(7, [REF]), Result(8, error=Error(ErrorCode.INTERNAL, "boom"))],
                 BatchTimings(1, 2, 3), Lease("w", 4)),
     WorkerReady("w", 1234),
+    StreamResponses([StreamResponse(5, [TensorRef("text_output", "BYTES", [1], "", 0, 7,
+                                                  inline=b"\x03\x00\x00\x00 w1")]),
+                     StreamResponse(6, final=True, empty=True)]),
 ]
 
 

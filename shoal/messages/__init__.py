@@ -81,6 +81,7 @@ from shoal.messages.worker import (
     Result,
     StateBinding,
     StreamResponse,
+    StreamResponses,
     WorkerLoadFailed,
     WorkerReady,
     WorkerRequest,
@@ -117,6 +118,7 @@ class MsgKind(bytes, enum.Enum):
     REGION_REGISTERED = b"\x0e"
     REGION_UNREGISTERED = b"\x0f"
     HEARTBEAT = b"\x18"
+    STREAM_RESPONSES = b"\x19"
     CACHE_FIGURES = b"\x20"
 
 
@@ -124,7 +126,7 @@ Message = (
     InferRequest | InferResponse | InferRequestBatch | InferResponseBatch | ReleaseLeases
     | CancelRequest | Hello | RepositorySnapshot | RegionRegistered | RegionUnregistered
     | StatsRequest | StatsReply | Batch | BatchResult | WorkerReady | WorkerLoadFailed
-    | WorkerShutdown | StreamResponse | CancelExecuting | ForgetCudaHandles
+    | WorkerShutdown | StreamResponse | StreamResponses | CancelExecuting | ForgetCudaHandles
     | LoadModel | UnloadModel | ControlReply | Heartbeat | CacheFigures
 )
 
@@ -145,6 +147,7 @@ _KIND_OF: Final[dict[type[msgspec.Struct], MsgKind]] = {
     WorkerLoadFailed: MsgKind.WORKER_LOAD_FAILED,
     WorkerShutdown: MsgKind.WORKER_SHUTDOWN,
     StreamResponse: MsgKind.STREAM_RESPONSE,
+    StreamResponses: MsgKind.STREAM_RESPONSES,
     CancelExecuting: MsgKind.CANCEL_EXECUTING,
     ForgetCudaHandles: MsgKind.FORGET_CUDA_HANDLES,
     LoadModel: MsgKind.LOAD_MODEL,
@@ -235,6 +238,7 @@ __all__ = [
     "StatsReply",
     "StatsRequest",
     "StreamResponse",
+    "StreamResponses",
     "TensorRef",
     "TensorSpec",
     "TraceStamps",

@@ -124,6 +124,14 @@ class StreamResponse(msgspec.Struct, frozen=True, array_like=True, omit_defaults
     empty: bool = False
 
 
+class StreamResponses(msgspec.Struct, frozen=True, array_like=True):
+    """worker -> broker (stream socket): StreamResponses sent together, in order, as one
+    message (a decoupled model answering many requests at once, e.g. the tokens of one LLM
+    iteration: ``InstanceContext.stream_batch``)."""
+
+    responses: list[StreamResponse]
+
+
 class CancelExecuting(msgspec.Struct, frozen=True, array_like=True):
     """broker -> worker (control socket): these running requests were cancelled; the model sees
     ``request.is_cancelled()`` turn true."""

@@ -25,6 +25,8 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
@@ -44,6 +46,7 @@ from shoal.messages import (
     ReleaseLeases,
     Result,
     StreamResponse,
+    StreamResponses,
     TensorRef,
     WorkerLoadFailed,
     WorkerReady,
@@ -112,6 +115,7 @@ class WorkerProc:
         self.outputs = OutputWriter(spec.identity, self.arena, self.client_regions,
                                     self.device_regions, self.lender)
         self.output_lock = threading.Lock()
+        self._stream_held = threading.local()  # .messages: responses held by stream_batch
         self.bls = BlsClient(spec, settings, self.context)  # connects at the first BLS call
         # decoupled requests still answering: execution id -> the request (outputs wanted)
         self.open_requests: dict[int, WorkerRequest] = {}
@@ -142,6 +146,7 @@ class WorkerProc:
             config_json=self.spec.config_json, instance_name=self.spec.instance_name,
             kind=self.spec.kind, device=device, device_id=self.spec.device_id,
             backend_settings=backend_settings, send_response=responses,
+            stream_batch=self.stream_batch,
             is_cancelled=self.cancelled.__contains__, bls=self.bls,
             lend_output=None if self.decoupled else self._lend_output,
             default_intra_op_threads=self.spec.intra_op_threads,
@@ -366,7 +371,29 @@ class WorkerProc:
             if final:
                 del self.open_requests[request_id]
                 self.cancelled.discard(request_id)
-            self.stream_socket.send_multipart(encode(message))
+            held: list[StreamResponse] | None = getattr(self._stream_held, "messages", None)
+            if held is not None:
+                held.append(message)
+            else:
+                self.stream_socket.send_multipart(encode(message))
+
+    @contextmanager
+    def stream_batch(self) -> Iterator[None]:
+        """InstanceContext.stream_batch: this thread's responses inside the block leave as one
+        StreamResponses message at its end (one send and one broker turn instead of many)."""
+        if getattr(self._stream_held, "messages", None) is not None:  # nested: the outer sends
+            yield
+            return
+        held: list[StreamResponse] = []
+        self._stream_held.messages = held
+        try:
+            yield
+        finally:
+            self._stream_held.messages = None
+            if held:
+                with self.output_lock:
+                    self.stream_socket.send_multipart(encode(
+                        held[0] if len(held) == 1 else StreamResponses(held)))
 
     def _stream_message(self, request: WorkerRequest, response: BackendResponse | Error | None,
                         final: bool) -> StreamResponse:

@@ -21,6 +21,7 @@ tensor into a client's CUDA region, else to the host first.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -63,6 +64,9 @@ class InstanceContext:
     # Decoupled models: send one response of request ``request_id`` now, from any thread;
     # ``final`` ends the request (``response`` None + final: end without a response).
     send_response: ResponseSink | None = None
+    # Decoupled models: ``with ctx.stream_batch():`` the responses this thread sends inside go
+    # to the broker as one message when the block ends (many requests answered at once).
+    stream_batch: Callable[[], AbstractContextManager[None]] | None = None
     # True once the client cancelled request ``request_id`` (thread-safe).
     is_cancelled: CancelProbe | None = None
     # Calls to other models of the server (BLS) and model control; connects on first use.

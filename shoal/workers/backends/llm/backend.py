@@ -19,8 +19,9 @@ are kept by ``figures.LlmFigures`` and read by the worker's heartbeat through ``
 frontend 0 renders them under TensorRT-LLM's backend names (``frontend/metrics/llm.py``).
 
 Threads: ``execute``/``load``/``unload`` on the worker's main thread; the pump thread sends
-responses; ``_lock`` guards the open-request table (held across enqueue and registration so a
-response never arrives for an unknown request).
+responses (those of one ``await_responses`` turn as one message to the broker,
+``InstanceContext.stream_batch``); ``_lock`` guards the open-request table (held across enqueue
+and registration so a response never arrives for an unknown request).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -100,6 +103,7 @@ class LlmBackend:
         self._pump: threading.Thread | None = None
         self._figures: LlmFigures | None = None
         self._token_logprobs: TokenLogprobs | None = None
+        self._stream_batch: Callable[[], AbstractContextManager[None]] = nullcontext
 
     # ------------------------------------------------------------------ contract
 
@@ -132,6 +136,8 @@ class LlmBackend:
         self._batching = config.max_batch_size > 0
         self._exclude_input = settings.exclude_input_in_output
         self._send, self._is_cancelled = ctx.send_response, ctx.is_cancelled
+        if ctx.stream_batch is not None:
+            self._stream_batch = ctx.stream_batch
         self._figures = LlmFigures(executor)
         self._pump = threading.Thread(target=self._pump_loop, name="llm-pump", daemon=True)
         self._pump.start()
@@ -190,7 +196,7 @@ class LlmBackend:
         while not self._stopping.is_set():
             try:
                 responses = executor.await_responses(timeout=_PUMP_WAIT_S)
-                with self._lock:
+                with self._lock, self._stream_batch():  # an iteration's tokens: one message
                     for response in responses:
                         self._deliver(response)
                     self._forward_cancels(executor)
