@@ -189,3 +189,40 @@ def test_a_bad_large_request_frees_the_body_slot(served: Served) -> None:
     assert "unexpected additional input data" in response.json()["error"]
     served.wait_clean()
     assert served.dataplane.allocations >= 1
+
+
+def _read_answers(sock: socket.socket, count: int) -> list[tuple[bytes, bytes]]:
+    """``count`` (status line, body) pairs off a keep-alive socket, in order."""
+    data = b""
+    answers: list[tuple[bytes, bytes]] = []
+    while len(answers) < count:
+        while b"\r\n\r\n" not in data:
+            chunk = sock.recv(65536)
+            assert chunk, "connection closed early"
+            data += chunk
+        head, data = data.split(b"\r\n\r\n", 1)
+        length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"content-length:"))
+        while len(data) < length:
+            data += sock.recv(65536)
+        answers.append((head.split(b"\r\n")[0], data[:length]))
+        data = data[length:]
+    return answers
+
+
+def test_pipelined_infer_and_asgi_requests_are_answered_in_order(served: Served) -> None:
+    def infer(value: float) -> bytes:
+        body = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1],
+                                       "data": [value]}]}).encode()
+        return (f"POST /v2/models/identity/infer HTTP/1.1\r\nHost: x\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+
+    health = b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", served.port), timeout=10) as sock:
+        sock.sendall(infer(1.0) + health + infer(2.0) + health + infer(3.0))
+        answers = _read_answers(sock, 5)
+    assert [status for status, _ in answers] == [b"HTTP/1.1 200 OK"] * 5
+    values = [json.loads(body)["outputs"][0]["data"] for _, body in answers[::2]]
+    assert values == [[1.0], [2.0], [3.0]]
+    assert served.asgi_infers == []
+    served.wait_clean()
