@@ -276,8 +276,9 @@ class LeanInferCycle:
             await self._send_error(error)
             return
         except asyncio.CancelledError:
-            if not self.disconnected:
+            if not self.disconnected or self._task is None:
                 raise
+            self._task.uncancel()  # ours, for the disconnect: the task itself ends normally
             return  # the client left: the request was cancelled at the broker
         finally:
             self._answering = False
