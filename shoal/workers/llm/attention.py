@@ -13,6 +13,13 @@ layers see all of them at once). Attention then treats two kinds of sequence:
   gathered keys of positions [0, cached + i] (query i), one span at a time.
 
 ``AttentionBatch`` is built once per iteration and shared by every layer.
+
+Gathering the decode rows' blocks copies every cached key and value of the batch once per layer
+and iteration. ``DecodeKvCopy`` keeps those copies from one iteration to the next: while the
+decode rows are the same sequences, in the same order, with the same block tables, each one
+token further, an iteration only writes its new token's key/value into the kept copy (as into
+the pool) and gathers nothing. The values are the very ones in the pool, and padding is masked
+with -inf either way, so the attention output is bitwise the same.
 """
 
 from __future__ import annotations
@@ -34,6 +41,50 @@ class SequenceSpan:
     num_tokens: int
     cached: int
     block_table: list[int]
+    owner: object | None = None  # the Sequence (``DecodeKvCopy`` matches rows by identity)
+
+
+KEEP_DECODE_KV_MAX_BYTES = 256 * 2**20  # larger gathered copies are not kept between iterations
+
+
+class DecodeKvCopy:
+    """Each layer's gathered keys/values of the decode rows, kept between iterations (see the
+    module docstring). Owned by the engine; executor loop thread only."""
+
+    def __init__(self, bytes_per_token: int) -> None:
+        """``bytes_per_token``: the key and value of one token over all layers."""
+        self.bytes_per_token = bytes_per_token
+        self.layers: dict[int, torch.Tensor] = {}  # layer -> [2, rows, width, Hkv, D]
+        self._owners: list[object] = []
+        self._tables: list[tuple[int, ...]] = []
+        self._cached: list[int] = []
+        self.keeping = False  # this iteration's gathered copies are kept (small enough)
+
+    def plan(self, decode: list[SequenceSpan], width_tokens: int) -> bool:
+        """Called once per iteration with its decode rows: True when the kept copies hold them
+        (the iteration adds its token), False when the layers gather anew (and keep the result
+        when it is small enough)."""
+        owners = [span.owner for span in decode]
+        tables = [tuple(span.block_table) for span in decode]
+        cached = [span.cached for span in decode]
+        reuse = (bool(self.layers) and len(owners) == len(self._owners)
+                 and all(o is not None and o is p for o, p in zip(owners, self._owners,
+                                                                  strict=True))
+                 and tables == self._tables
+                 and all(c == p + 1 for c, p in zip(cached, self._cached, strict=True)))
+        if not reuse:
+            self.layers.clear()
+        keep = len(decode) * width_tokens * self.bytes_per_token <= KEEP_DECODE_KV_MAX_BYTES
+        if keep:
+            self._owners, self._tables, self._cached = owners, tables, cached
+        else:
+            self._owners, self._tables, self._cached = [], [], []
+        self.keeping = keep
+        return reuse
+
+    def forget(self) -> None:
+        self.layers.clear()
+        self._owners, self._tables, self._cached = [], [], []
 
 
 @dataclass(frozen=True)
@@ -56,23 +107,30 @@ class AttentionBatch:
     # the result is bitwise the same.)
     tokens_per_block: int
     extend_spans: list[ExtendSpan] = field(default_factory=list)
+    decode_copy: DecodeKvCopy | None = None  # kept gathered keys/values, when kept
+    decode_reused: bool = False  # decode_copy holds this iteration's rows: write the new token
+    decode_positions: torch.Tensor | None = None  # [Bd] position of each decode row's token
 
 
 def build_attention_batch(spans: list[SequenceSpan], blocks: BlockManager,
                           device: torch.device | str,
-                          dtype: torch.dtype = torch.float32) -> AttentionBatch:
-    """``dtype``: the model's (queries', keys') dtype, that of the additive decode mask."""
+                          dtype: torch.dtype = torch.float32,
+                          decode_copy: DecodeKvCopy | None = None) -> AttentionBatch:
+    """``dtype``: the model's (queries', keys') dtype, that of the additive decode mask.
+    ``decode_copy``: the engine's kept decode keys/values (None: gather every iteration)."""
     slot_mapping: list[int] = []
     prefill: list[tuple[int, int]] = []
     decode_rows: list[int] = []
     decode_tables: list[list[int]] = []
     decode_lengths: list[int] = []
+    decode_spans: list[SequenceSpan] = []
     extend: list[ExtendSpan] = []
     for span in spans:
         slot_mapping += blocks.slots(span.block_table, span.cached, span.num_tokens)
         if span.cached == 0:
             prefill.append((span.start, span.start + span.num_tokens))
         elif span.num_tokens == 1:
+            decode_spans.append(span)
             decode_rows.append(span.start)
             decode_tables.append(span.block_table)
             decode_lengths.append(span.cached + 1)
@@ -88,6 +146,16 @@ def build_attention_batch(spans: list[SequenceSpan], blocks: BlockManager,
         mask = torch.zeros(padding.shape, dtype=dtype, device=device).masked_fill_(
             padding, float("-inf"))
     padded = [t + [0] * (width - len(t)) for t in decode_tables]
+    reused = False
+    positions: torch.Tensor | None = None
+    if decode_copy is not None:
+        if decode_spans:
+            reused = decode_copy.plan(decode_spans, width * size)
+            if reused:
+                positions = torch.tensor([s.cached for s in decode_spans], dtype=torch.long,
+                                         device=device)
+        else:
+            decode_copy.forget()
     return AttentionBatch(
         slot_mapping=torch.tensor(slot_mapping, dtype=torch.long, device=device),
         prefill_spans=prefill,
@@ -97,6 +165,9 @@ def build_attention_batch(spans: list[SequenceSpan], blocks: BlockManager,
         decode_mask=mask,
         tokens_per_block=size,
         extend_spans=extend,
+        decode_copy=decode_copy if decode_spans else None,
+        decode_reused=reused,
+        decode_positions=positions,
     )
 
 
@@ -113,11 +184,11 @@ def _extend_span(span: SequenceSpan, tokens_per_block: int,
 
 def paged_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                     layer_cache: torch.Tensor, batch: AttentionBatch,
-                    scale: float) -> torch.Tensor:
+                    scale: float, layer: int = -1) -> torch.Tensor:
     """query [T, H, D], key/value [T, Hkv, D] of this iteration's tokens; ``layer_cache``
-    [2 (key, value), slots, Hkv, D] of one layer (written here). Returns [T, H, D]. H must be a
-    multiple of Hkv (grouped-query attention: query head h reads key/value head
-    h // (H // Hkv))."""
+    [2 (key, value), slots, Hkv, D] of one layer (written here), ``layer`` its index (the key
+    of ``batch.decode_copy``; -1: not kept). Returns [T, H, D]. H must be a multiple of Hkv
+    (grouped-query attention: query head h reads key/value head h // (H // Hkv))."""
     layer_cache[0].index_copy_(0, batch.slot_mapping, key)
     layer_cache[1].index_copy_(0, batch.slot_mapping, value)
     gqa = query.shape[1] != key.shape[1]
@@ -131,7 +202,7 @@ def paged_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         out[start:end] = attended[0].transpose(0, 1)
     if batch.decode_rows.numel():
         q = query[batch.decode_rows][:, :, None, :]  # [Bd, H, 1, D]
-        k, v = _gather_blocks(layer_cache, batch)  # [Bd, Hkv, K, D] each
+        k, v = _decode_keys_values(layer_cache, batch, layer, key, value)  # [Bd, Hkv, K, D]
         attended = F.scaled_dot_product_attention(q, k, v, attn_mask=batch.decode_mask,
                                                   scale=scale, enable_gqa=gqa)
         out[batch.decode_rows] = attended[:, :, 0, :]
@@ -155,15 +226,33 @@ def _gather_table(layer_cache: torch.Tensor, table: torch.Tensor,
     return keys, values
 
 
-def _gather_blocks(layer_cache: torch.Tensor,
-                   batch: AttentionBatch) -> tuple[torch.Tensor, torch.Tensor]:
-    """[2, slots, Hkv, D] cache -> keys and values [Bd, Hkv, NB * tokens_per_block, D] of each
-    decode row."""
+def _decode_keys_values(layer_cache: torch.Tensor, batch: AttentionBatch, layer: int,
+                        key: torch.Tensor, value: torch.Tensor
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys and values [Bd, Hkv, NB * tokens_per_block, D] of each decode row: the copy kept
+    from the last iteration plus this iteration's token, or gathered from the pool (and kept)."""
+    kept = batch.decode_copy if layer >= 0 else None
+    gathered = kept.layers.get(layer) if kept is not None and batch.decode_reused else None
+    if gathered is None:
+        gathered = _gather_blocks(layer_cache, batch)
+        if kept is not None and kept.keeping:
+            kept.layers[layer] = gathered
+    else:
+        assert batch.decode_positions is not None
+        rows = torch.arange(gathered.shape[1], device=gathered.device)
+        gathered[0, rows, batch.decode_positions] = key[batch.decode_rows]
+        gathered[1, rows, batch.decode_positions] = value[batch.decode_rows]
+    keys, values = gathered.transpose(2, 3).unbind(0)
+    return keys, values
+
+
+def _gather_blocks(layer_cache: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
+    """[2, slots, Hkv, D] cache -> [2 (key, value), Bd, NB * tokens_per_block, Hkv, D] of the
+    decode rows' blocks (contiguous)."""
     _, slots, heads, dim = layer_cache.shape
     size = batch.tokens_per_block
     by_block = layer_cache.view(2, slots // size, size, heads, dim)
     rows, width = batch.decode_blocks.shape
     # index_select copies whole blocks; much faster on CPU than advanced indexing
     gathered = torch.index_select(by_block, 1, batch.decode_blocks.reshape(-1))
-    keys, values = gathered.view(2, rows, width * size, heads, dim).transpose(2, 3).unbind(0)
-    return keys, values
+    return gathered.view(2, rows, width * size, heads, dim)

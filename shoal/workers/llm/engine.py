@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from shoal.workers.llm.attention import SequenceSpan, build_attention_batch
+from shoal.workers.llm.attention import DecodeKvCopy, SequenceSpan, build_attention_batch
 from shoal.workers.llm.kv_cache import BlockManager, KvCachePool
 from shoal.workers.llm.logits.post_process import LogitsPostProcessing
 from shoal.workers.llm.logits.top_log_probs import TopLogProbs, top_log_probs
@@ -64,6 +64,9 @@ class Engine:
         self.scheduler = scheduler
         self.requests: dict[int, RequestState] = {}
         self.guided: GuidedDecoder | None = None  # masks the logits of guided requests
+        storage = kv.storage  # [layers, 2, slots, Hkv, D]
+        self._decode_copy = DecodeKvCopy(storage.shape[0] * 2 * storage.shape[3]
+                                         * storage.shape[4] * storage.element_size())
 
     @property
     def has_work(self) -> bool:
@@ -86,6 +89,7 @@ class Engine:
     def abort_all(self) -> list[int]:
         """Drop every live request (after a failed iteration); returns their ids."""
         ids = list(self.requests)
+        self._decode_copy.forget()
         for request_id in ids:
             self.scheduler.remove(request_id)
             self.requests.pop(request_id).release(self.blocks)
@@ -148,7 +152,8 @@ class Engine:
                     new = batch.partial[state.request_id] = chunk
                 copies += self.blocks.prepare_write(seq.block_table, seq.num_cached, new)
                 start = len(batch.token_ids)
-                batch.spans.append(SequenceSpan(start, new, seq.num_cached, seq.block_table))
+                batch.spans.append(SequenceSpan(start, new, seq.num_cached, seq.block_table,
+                                                seq))
                 batch.token_ids += seq.tokens[seq.num_cached:seq.num_cached + new]
                 batch.positions += range(seq.num_cached, seq.num_cached + new)
                 if state.in_context_phase:
@@ -170,7 +175,8 @@ class Engine:
 
     def _run_model(self, batch: _Batch) -> torch.Tensor:
         device = self.kv.storage.device
-        attention = build_attention_batch(batch.spans, self.blocks, device, self.model.dtype)
+        attention = build_attention_batch(batch.spans, self.blocks, device, self.model.dtype,
+                                          self._decode_copy)
         with torch.inference_mode():
             logits = self.model.forward(
                 torch.tensor(batch.token_ids, dtype=torch.long, device=device),

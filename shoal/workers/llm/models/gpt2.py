@@ -65,7 +65,7 @@ class Gpt2Model:
             query, key, value = torch.split(qkv, spec.hidden_size, dim=-1)
             attended = paged_attention(query.reshape(shape), key.reshape(shape),
                                        value.reshape(shape), kv.layer(index), batch,
-                                       layer.attention_scale)
+                                       layer.attention_scale, index)
             hidden = hidden + _conv1d(attended.reshape(-1, spec.hidden_size), layer.attn_proj)
             normed = self._layer_norm(hidden, layer.ln_2)
             hidden = hidden + _conv1d(self._act(_conv1d(normed, layer.c_fc)), layer.mlp_proj)

@@ -100,7 +100,7 @@ class LlamaModel:
                     qkv[:, :q_size + kv_size].view(-1, heads, spec.head_dim), cos_sin)
                 query, key = rotated[:, :spec.num_heads], rotated[:, spec.num_heads:]
             attended = paged_attention(query, key, value, kv.layer(index), batch,
-                                       spec.attention_scale)
+                                       spec.attention_scale, index)
             # residual sums in place: ``hidden`` is this forward's own tensor (bitwise the same)
             hidden = hidden.add_(layer.out(attended.reshape(-1, q_size)))
             normed = rms_norm(hidden, layer.post_norm, spec.norm_eps)
