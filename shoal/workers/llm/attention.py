@@ -16,9 +16,10 @@ layers see all of them at once). Attention then treats two kinds of sequence:
 
 Gathering the decode rows' blocks copies every cached key and value of the batch once per layer
 and iteration. ``DecodeKvCopy`` keeps those copies from one iteration to the next: while the
-decode rows are the same sequences, in the same order, with the same block tables, each one
-token further, an iteration only writes its new token's key/value into the kept copy (as into
-the pool) and gathers nothing. The values are the very ones in the pool, and padding is masked
+decode rows are the same sequences, in the same order, each one token further, and the longest
+table keeps its length, an iteration only writes its new token's key/value into the kept copy
+(as into the pool) and gathers again just the rows whose block table changed (a new block, a
+copied shared one). The values are the very ones in the pool, and padding is masked
 with -inf either way, so the attention output is bitwise the same.
 """
 
@@ -58,33 +59,39 @@ class DecodeKvCopy:
         self._owners: list[object] = []
         self._tables: list[tuple[int, ...]] = []
         self._cached: list[int] = []
+        self._width = 0  # tokens per row of the kept copies
         self.keeping = False  # this iteration's gathered copies are kept (small enough)
 
-    def plan(self, decode: list[SequenceSpan], width_tokens: int) -> bool:
-        """Called once per iteration with its decode rows: True when the kept copies hold them
-        (the iteration adds its token), False when the layers gather anew (and keep the result
-        when it is small enough)."""
+    def plan(self, decode: list[SequenceSpan], width_tokens: int) -> list[int] | None:
+        """Called once per iteration with its decode rows: the rows to gather again when the
+        kept copies hold the others (the iteration adds its token to all), or None when the
+        layers gather anew (and keep the result when it is small enough)."""
         owners = [span.owner for span in decode]
         tables = [tuple(span.block_table) for span in decode]
         cached = [span.cached for span in decode]
-        reuse = (bool(self.layers) and len(owners) == len(self._owners)
+        reuse = (bool(self.layers) and width_tokens == self._width
+                 and len(owners) == len(self._owners)
                  and all(o is not None and o is p for o, p in zip(owners, self._owners,
                                                                   strict=True))
-                 and tables == self._tables
                  and all(c == p + 1 for c, p in zip(cached, self._cached, strict=True)))
+        refresh = ([row for row, (now, then) in enumerate(zip(tables, self._tables,
+                                                              strict=True)) if now != then]
+                   if reuse else None)
         if not reuse:
             self.layers.clear()
         keep = len(decode) * width_tokens * self.bytes_per_token <= KEEP_DECODE_KV_MAX_BYTES
         if keep:
             self._owners, self._tables, self._cached = owners, tables, cached
+            self._width = width_tokens
         else:
-            self._owners, self._tables, self._cached = [], [], []
+            self.forget()
         self.keeping = keep
-        return reuse
+        return refresh
 
     def forget(self) -> None:
         self.layers.clear()
         self._owners, self._tables, self._cached = [], [], []
+        self._width = 0
 
 
 @dataclass(frozen=True)
@@ -110,6 +117,7 @@ class AttentionBatch:
     decode_copy: DecodeKvCopy | None = None  # kept gathered keys/values, when kept
     decode_reused: bool = False  # decode_copy holds this iteration's rows: write the new token
     decode_positions: torch.Tensor | None = None  # [Bd] position of each decode row's token
+    decode_refresh: torch.Tensor | None = None  # rows of decode_copy to gather again (or None)
 
 
 def build_attention_batch(spans: list[SequenceSpan], blocks: BlockManager,
@@ -146,12 +154,12 @@ def build_attention_batch(spans: list[SequenceSpan], blocks: BlockManager,
         mask = torch.zeros(padding.shape, dtype=dtype, device=device).masked_fill_(
             padding, float("-inf"))
     padded = [t + [0] * (width - len(t)) for t in decode_tables]
-    reused = False
+    refresh: list[int] | None = None
     positions: torch.Tensor | None = None
     if decode_copy is not None:
         if decode_spans:
-            reused = decode_copy.plan(decode_spans, width * size)
-            if reused:
+            refresh = decode_copy.plan(decode_spans, width * size)
+            if refresh is not None:
                 positions = torch.tensor([s.cached for s in decode_spans], dtype=torch.long,
                                          device=device)
         else:
@@ -166,8 +174,10 @@ def build_attention_batch(spans: list[SequenceSpan], blocks: BlockManager,
         tokens_per_block=size,
         extend_spans=extend,
         decode_copy=decode_copy if decode_spans else None,
-        decode_reused=reused,
+        decode_reused=refresh is not None,
         decode_positions=positions,
+        decode_refresh=(torch.tensor(refresh, dtype=torch.long, device=device)
+                        if refresh else None),
     )
 
 
@@ -242,17 +252,22 @@ def _decode_keys_values(layer_cache: torch.Tensor, batch: AttentionBatch, layer:
         rows = torch.arange(gathered.shape[1], device=gathered.device)
         gathered[0, rows, batch.decode_positions] = key[batch.decode_rows]
         gathered[1, rows, batch.decode_positions] = value[batch.decode_rows]
+        if batch.decode_refresh is not None:  # rows whose block table changed
+            gathered[:, batch.decode_refresh] = _gather_blocks(layer_cache, batch,
+                                                               batch.decode_refresh)
     keys, values = gathered.transpose(2, 3).unbind(0)
     return keys, values
 
 
-def _gather_blocks(layer_cache: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
+def _gather_blocks(layer_cache: torch.Tensor, batch: AttentionBatch,
+                   rows: torch.Tensor | None = None) -> torch.Tensor:
     """[2, slots, Hkv, D] cache -> [2 (key, value), Bd, NB * tokens_per_block, Hkv, D] of the
-    decode rows' blocks (contiguous)."""
+    decode rows' blocks (contiguous); only the decode rows ``rows`` when given."""
     _, slots, heads, dim = layer_cache.shape
     size = batch.tokens_per_block
     by_block = layer_cache.view(2, slots // size, size, heads, dim)
-    rows, width = batch.decode_blocks.shape
+    tables = batch.decode_blocks if rows is None else batch.decode_blocks[rows]
+    count, width = tables.shape
     # index_select copies whole blocks; much faster on CPU than advanced indexing
-    gathered = torch.index_select(by_block, 1, batch.decode_blocks.reshape(-1))
-    return gathered.view(2, rows, width * size, heads, dim)
+    gathered = torch.index_select(by_block, 1, tables.reshape(-1))
+    return gathered.view(2, count, width * size, heads, dim)

@@ -1,6 +1,7 @@
 """The decode rows' gathered keys/values kept between iterations (``attention.DecodeKvCopy``):
 the attention output is bitwise the one of gathering every iteration; the copy is used only for
-the same sequences with the same block tables, one token further."""
+the same sequences, one token further, while the longest block table keeps its length (a row
+whose table changed is gathered again)."""
 
 from __future__ import annotations
 
@@ -62,10 +63,10 @@ def test_kept_copy_gives_the_gathered_output_bitwise() -> None:
         runs.append([step(rows, blocks, caches, copy) for _ in range(9)])
     for (plain, plain_reused), (kept, _) in zip(*runs, strict=True):
         assert torch.equal(plain, kept) and not plain_reused
-    # positions 5+i, 7+i, 2+i: some row starts a new block of 4 at i = 1, 2, 3, 5, 6, 7; the
-    # copy serves the other iterations but the first
-    assert [reused for _, reused in runs[1]] == [False, False, False, False, True, False, False,
-                                                 False, True]
+    # positions 5+i, 7+i, 2+i in blocks of 4: the longest table grows at i = 1 and 5 (all rows
+    # gathered anew); at i = 2, 3, 6, 7 a shorter row starts a block (that row gathered again)
+    assert [reused for _, reused in runs[1]] == [False, False, True, True, True, False, True,
+                                                 True, True]
 
 
 def test_another_sequence_with_the_same_table_is_gathered_anew() -> None:
