@@ -136,9 +136,10 @@ def realistic_lines(results: dict[str, Any]) -> list[str]:
 def tiny_lines(results: dict[str, Any]) -> list[str]:
     shoal, mls = results.get("shoal", {}), results.get("mlserver", {})
     lines = ["", "### The tiny example MLP (256→64→16)", "",
-             f"`examples/model_repository/mlp` (its config names INTRA_OP_THREAD_COUNT 1; "
-             f"MLServer's `TorchScriptRuntime` pins one thread too), dynamic batching 32 rows, "
-             f"delay {results['delay_us']} µs on both; the per-request cost of each server.", "",
+             f"`examples/model_repository/mlp` (no thread setting: the thread policy gives it 1 "
+             f"on 2 cores; MLServer's `TorchScriptRuntime` pins one thread), dynamic batching 32 "
+             f"rows, delay {results['delay_us']} µs on both; the per-request cost of each server.",
+             "",
              "| server / workload | req/s | p50 ms | p90 ms | p99 ms | errors |",
              "|---|---|---|---|---|---|"]
     for key in results.get("tiny_cells", []):

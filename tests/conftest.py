@@ -68,7 +68,7 @@ def _instance_of_segment(name: str) -> str | None:
     return match.group(1) if match else None
 
 
-def _instance_of_process(cmdline: str) -> str | None:
+def instance_of_process(cmdline: str) -> str | None:
     match = _INSTANCE_ARG.search(cmdline)
     return match.group(1) if match else None
 
@@ -90,7 +90,7 @@ def no_leftovers() -> Iterator[None]:
         procs = {
             f"{pid}: {cmd[:120]}"
             for pid, cmd in _cmdlines().items()
-            if pid not in procs_before and _instance_of_process(cmd) not in known
+            if pid not in procs_before and instance_of_process(cmd) not in known
         }
         return segs, procs
 

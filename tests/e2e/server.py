@@ -188,10 +188,16 @@ class ShoalServer:
         return code
 
     def kill_tree(self) -> None:
+        """SIGKILL the supervisor and every descendant as one event: all are stopped first, so
+        none sees another die and cleans up after it (the supervisor removes a dead frontend's
+        arena within 100 ms, which a slow kill loop on a loaded machine would give it)."""
         assert self.process is not None
         procs = [*self.children()]
         with contextlib.suppress(psutil.NoSuchProcess):
             procs.append(psutil.Process(self.process.pid))
+        for p in procs:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.suspend()
         for p in procs:
             with contextlib.suppress(psutil.NoSuchProcess):
                 p.kill()

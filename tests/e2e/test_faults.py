@@ -15,7 +15,7 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import orphan_segments, shoal_segments
+from tests.conftest import instance_of_process, orphan_segments, shoal_segments
 from tests.e2e.models import copy_example, sleepy_model
 from tests.e2e.server import ShoalServer
 
@@ -154,7 +154,9 @@ def test_next_start_removes_segments_of_a_killed_server(
     first = ShoalServer([str(small_repo)]).start()
     fresh_server_factory.append(first)
     _add_sub(httpclient.InferenceServerClient(first.url))  # creates frontend + worker segments
-    left = shoal_segments() - before
+    # only this server's segments: another test's server may still be leaving at the same time
+    first_id = instance_of_process(" ".join(first.children()[0].cmdline()))
+    left = {n for n in shoal_segments() - before if n.startswith(f"shoal-{first_id}")}
     assert left, "a serving server owns segments"
     first.kill_tree()
     assert left <= shoal_segments(), "SIGKILL leaves the dead server's segments"
