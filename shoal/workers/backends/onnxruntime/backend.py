@@ -32,6 +32,7 @@ from shoal.workers.backends.base import (
     InstanceContext,
     OutputTensor,
 )
+from shoal.workers.backends.grouped_execute import execute_grouped
 from shoal.workers.backends.onnxruntime.autocomplete import (
     DEFAULT_MODEL_FILENAME,
     ort_message,
@@ -142,42 +143,13 @@ class OnnxruntimeBackend:
     def execute(self, requests: list[BackendRequest]) -> list[BackendResponse | Error | None]:
         assert self._runner is not None, "execute() before load()"
         self._runner.release()
-        results: list[BackendResponse | Error | None] = [
-            self._check_request(request) for request in requests]
-        runnable = [index for index, problem in enumerate(results) if problem is None]
-        groups = [runnable] if self._max_batch > 0 else [[i] for i in runnable]
-        for group in groups:
-            if group:
-                outcome = self._run_group([requests[i] for i in group])
-                for index, result in zip(group, outcome, strict=True):
-                    results[index] = result
-        return results
+        return execute_grouped(requests, batched=self._max_batch > 0,
+                               input_names=[spec.name for spec in self._inputs]
+                               + [name for name, _ in self._state_inputs], run=self._run,
+                               runtime="onnxruntime", instance=self._name, log=logger)
 
     def unload(self) -> None:
         self._runner = None
-
-    def _check_request(self, request: BackendRequest) -> Error | None:
-        names = [spec.name for spec in self._inputs] + [name for name, _ in self._state_inputs]
-        for name in names:
-            array = request.inputs.get(name)
-            if array is None:
-                return Error(ErrorCode.INVALID_ARG, f"input '{name}' is missing")
-            if self._max_batch > 0 and (array.ndim == 0 or array.shape[0] != request.batch_size):
-                return Error(ErrorCode.INVALID_ARG,
-                             f"input '{name}' has shape {list(array.shape)}, expected batch "
-                             f"dimension {request.batch_size}")
-        return None
-
-    def _run_group(self, batch: list[BackendRequest]) -> list[BackendResponse | Error]:
-        try:
-            return self._run(batch)
-        except ShoalError as exc:
-            return [Error(exc.code, exc.message)] * len(batch)
-        except Exception as exc:
-            logger.exception("onnxruntime instance '%s' failed on %d request(s)", self._name,
-                             len(batch))
-            error = Error(ErrorCode.INTERNAL, f"onnxruntime execute failure: {_last_line(exc)}")
-            return [error] * len(batch)
 
     def _run(self, batch: list[BackendRequest]) -> list[BackendResponse | Error]:
         assert self._runner is not None
@@ -275,7 +247,3 @@ def _type_name(data_type: int) -> str:
 
     return str(model_config_pb2.DataType.Name(data_type))
 
-
-def _last_line(exc: BaseException) -> str:
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return lines[-1] if lines else type(exc).__name__

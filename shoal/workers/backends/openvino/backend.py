@@ -31,6 +31,7 @@ from shoal.workers.backends.base import (
     InstanceContext,
     OutputTensor,
 )
+from shoal.workers.backends.grouped_execute import execute_grouped
 from shoal.workers.backends.onnxruntime.feeds import join_rows
 from shoal.workers.backends.openvino.infer import OvRun
 from shoal.workers.backends.openvino.model_setup import prepare_model
@@ -120,42 +121,13 @@ class OpenvinoBackend:
     def execute(self, requests: list[BackendRequest]) -> list[BackendResponse | Error | None]:
         assert self._runner is not None, "execute() before load()"
         self._runner.release()
-        results: list[BackendResponse | Error | None] = [
-            self._check_request(request) for request in requests]
-        runnable = [index for index, problem in enumerate(results) if problem is None]
-        groups = [runnable] if self._max_batch > 0 else [[i] for i in runnable]
-        for group in groups:
-            if group:
-                outcome = self._run_group([requests[i] for i in group])
-                for index, result in zip(group, outcome, strict=True):
-                    results[index] = result
-        return results
+        return execute_grouped(requests, batched=self._max_batch > 0,
+                               input_names=[spec.name for spec in self._inputs], run=self._run,
+                               runtime="openvino", instance=self._name, log=logger,
+                               describe=openvino_message)
 
     def unload(self) -> None:
         self._runner = None
-
-    def _check_request(self, request: BackendRequest) -> Error | None:
-        for spec in self._inputs:
-            array = request.inputs.get(spec.name)
-            if array is None:
-                return Error(ErrorCode.INVALID_ARG, f"input '{spec.name}' is missing")
-            if self._max_batch > 0 and (array.ndim == 0 or array.shape[0] != request.batch_size):
-                return Error(ErrorCode.INVALID_ARG,
-                             f"input '{spec.name}' has shape {list(array.shape)}, expected "
-                             f"batch dimension {request.batch_size}")
-        return None
-
-    def _run_group(self, batch: list[BackendRequest]) -> list[BackendResponse | Error]:
-        try:
-            return self._run(batch)
-        except ShoalError as exc:
-            return [Error(exc.code, exc.message)] * len(batch)
-        except Exception as exc:
-            logger.exception("openvino instance '%s' failed on %d request(s)", self._name,
-                             len(batch))
-            error = Error(ErrorCode.INTERNAL,
-                          f"openvino execute failure: {openvino_message(exc)}")
-            return [error] * len(batch)
 
     def _run(self, batch: list[BackendRequest]) -> list[BackendResponse | Error]:
         assert self._runner is not None

@@ -32,6 +32,7 @@ from shoal.workers.backends.base import (
     InstanceContext,
     OutputTensor,
 )
+from shoal.workers.backends.grouped_execute import execute_grouped, last_line
 from shoal.workers.backends.tensorflow.autocomplete import DEFAULT_MODEL_FILENAME
 from shoal.workers.backends.tensorflow.config_check import check_config
 from shoal.workers.backends.tensorflow.graphdef import Run, load_graphdef
@@ -115,7 +116,7 @@ class TensorflowBackend:
         except Exception as exc:
             raise invalid_arg(f"unable to load model '{model}': cannot load SavedModel "
                               f"'{os.path.basename(path)}': "
-                              f"{_last_line(exc).replace(path, shown)}") from None
+                              f"{last_line(exc).replace(path, shown)}") from None
 
         def run(feeds: dict[str, Any]) -> dict[str, Any]:
             return dict(function(**feeds))
@@ -137,42 +138,13 @@ class TensorflowBackend:
 
     def execute(self, requests: list[BackendRequest]) -> list[BackendResponse | Error | None]:
         assert self._function is not None, "execute() before load()"
-        results: list[BackendResponse | Error | None] = [
-            self._check_request(request) for request in requests]
-        runnable = [index for index, problem in enumerate(results) if problem is None]
-        groups = [runnable] if self._max_batch > 0 else [[i] for i in runnable]
-        for group in groups:
-            if group:
-                outcome = self._run_group([requests[i] for i in group])
-                for index, result in zip(group, outcome, strict=True):
-                    results[index] = result
-        return results
+        return execute_grouped(requests, batched=self._max_batch > 0,
+                               input_names=[spec.name for spec in self._inputs], run=self._run,
+                               runtime="tensorflow", instance=self._name, log=logger)
 
     def unload(self) -> None:
         self._function = None
         self._loaded = None
-
-    def _check_request(self, request: BackendRequest) -> Error | None:
-        for spec in self._inputs:
-            array = request.inputs.get(spec.name)
-            if array is None:
-                return Error(ErrorCode.INVALID_ARG, f"input '{spec.name}' is missing")
-            if self._max_batch > 0 and (array.ndim == 0 or array.shape[0] != request.batch_size):
-                return Error(ErrorCode.INVALID_ARG,
-                             f"input '{spec.name}' has shape {list(array.shape)}, expected "
-                             f"batch dimension {request.batch_size}")
-        return None
-
-    def _run_group(self, batch: list[BackendRequest]) -> list[BackendResponse | Error]:
-        try:
-            return self._run(batch)
-        except ShoalError as exc:
-            return [Error(exc.code, exc.message)] * len(batch)
-        except Exception as exc:
-            logger.exception("tensorflow instance '%s' failed on %d request(s)", self._name,
-                             len(batch))
-            error = Error(ErrorCode.INTERNAL, f"tensorflow execute failure: {_last_line(exc)}")
-            return [error] * len(batch)
 
     def _run(self, batch: list[BackendRequest]) -> list[BackendResponse | Error]:
         assert self._function is not None
@@ -224,8 +196,4 @@ def _size_thread_pools(tf: Any, intra: int, inter: int) -> None:
         logger.warning("TensorFlow already runs in this process: its thread pools stay as they "
                        "are (%d intra-op / %d inter-op thread(s) not applied)", intra, inter)
 
-
-def _last_line(exc: BaseException) -> str:
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return lines[-1] if lines else type(exc).__name__
 
