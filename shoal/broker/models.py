@@ -61,6 +61,16 @@ _THREAD_POLICY_BACKENDS = frozenset({"pytorch", "onnxruntime", "python", "llm", 
                                      "tensorflow"})
 
 
+# Backends whose auto-complete reads their model file: onnxruntime and tensorflow parse its
+# protobuf in the broker, openvino and fil read it in a throw-away interpreter.
+_FILE_AUTO_COMPLETE: dict[str, Callable[[str, ModelConfig, int], ModelConfig]] = {
+    "onnxruntime": onnx_auto_complete,
+    "openvino": openvino_auto_complete,
+    "tensorflow": tensorflow_auto_complete,
+    "fil": fil_auto_complete,
+}
+
+
 def python_auto_complete(model_dir: str, config: object) -> object:
     """Run the model's ``auto_complete_config`` in a throw-away interpreter (as Triton runs it in a
     separate stub), returning the completed config."""
@@ -112,25 +122,15 @@ class ModelManager:
         self.cpu_budget = read_cpu_budget()  # the cores the server may use (thread_policy.py)
 
     def auto_complete(self, model_dir: str, config: ModelConfig) -> ModelConfig:
-        """The backend's auto-complete: the onnxruntime, openvino and tensorflow backends' from
-        their model files, else the python backend's ``auto_complete_config`` (a no-op for a
+        """The backend's auto-complete: from the model file for the backends in
+        ``_FILE_AUTO_COMPLETE``, else the python backend's ``auto_complete_config`` (a no-op for a
         model without one)."""
-        if backend_name(config) == "onnxruntime":
+        backend = backend_name(config)
+        from_model_file = _FILE_AUTO_COMPLETE.get(backend)
+        if from_model_file is not None:
             default_max_batch = int(self.settings.backend_setting(
-                "onnxruntime", "default-max-batch-size", "4"))
-            return onnx_auto_complete(model_dir, config, default_max_batch)
-        if backend_name(config) == "openvino":  # reads the model in a throw-away interpreter
-            default_max_batch = int(self.settings.backend_setting(
-                "openvino", "default-max-batch-size", "4"))
-            return openvino_auto_complete(model_dir, config, default_max_batch)
-        if backend_name(config) == "tensorflow":  # reads saved_model.pb, without TensorFlow
-            default_max_batch = int(self.settings.backend_setting(
-                "tensorflow", "default-max-batch-size", "4"))
-            return tensorflow_auto_complete(model_dir, config, default_max_batch)
-        if backend_name(config) == "fil":  # reads the model in a throw-away interpreter
-            default_max_batch = int(self.settings.backend_setting(
-                "fil", "default-max-batch-size", "4"))
-            return fil_auto_complete(model_dir, config, default_max_batch)
+                backend, "default-max-batch-size", "4"))
+            return from_model_file(model_dir, config, default_max_batch)
         completed: ModelConfig = python_auto_complete(model_dir, config)  # type: ignore[assignment]
         return completed
 

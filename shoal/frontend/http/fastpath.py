@@ -22,8 +22,7 @@ tracer's writer when the exchange is over, however it ended.
 from __future__ import annotations
 
 import asyncio
-import re
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING
 
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -31,7 +30,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from shoal.frontend.http.app import Endpoint
 from shoal.frontend.http.compression import size_limit_error
 from shoal.frontend.http.errors import shoal_error_response
-from shoal.frontend.http.infer import TRACE_SCOPE_KEY
+from shoal.frontend.http.infer import INFER_PATH, TRACE_SCOPE_KEY
 from shoal.frontend.http.restricted import HttpGate
 from shoal.trace.record import (
     HTTP_RECV_END,
@@ -45,7 +44,6 @@ if TYPE_CHECKING:
     from shoal.frontend.http.lean import LeanInfer
     from shoal.trace.sampling import Tracer
 
-INFER_PATH: Final = re.compile(r"^/v2/models/([^/]+)(?:/versions/([0-9]+))?/infer$")
 
 
 class InferFastPath:

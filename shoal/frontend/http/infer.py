@@ -16,6 +16,7 @@ broker's stamps and REQUEST_END with the answer, and (level TENSORS) copies of i
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Final
 
@@ -37,6 +38,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 HEADER_LENGTH: Final = "inference-header-content-length"
+# the infer route as Triton matches it (the Starlette route, the ASGI fast path, the lean transport)
+INFER_PATH: Final = re.compile(r"^/v2/models/([^/]+)(?:/versions/([0-9]+))?/infer$")
 TRACE_SCOPE_KEY: Final = "shoal.trace"  # the request's RequestTrace, when it is traced
 # an answer at least this long whose body came in an arena slot is sent from the worker's
 # memory (no join); smaller ones are joined, so the lease goes back before the write

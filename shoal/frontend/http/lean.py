@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import urllib.parse
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
@@ -44,7 +43,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 from shoal.errors import ShoalError
 from shoal.frontend.http import compression
 from shoal.frontend.http.errors import internal_error_response, shoal_error_response
-from shoal.frontend.http.infer import HEADER_LENGTH, InferHandler, InferReply
+from shoal.frontend.http.infer import HEADER_LENGTH, INFER_PATH, InferHandler, InferReply
 from shoal.frontend.infer_common import IN_PLACE_ALIGNMENT, BodySlot
 from shoal.trace.record import HTTP_RECV_END, HTTP_RECV_START, HTTP_SEND_END, HTTP_SEND_START
 
@@ -57,7 +56,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-INFER_PATH: Final = re.compile(r"^/v2/models/([^/]+)(?:/versions/([0-9]+))?/infer$")
 BODY_SLOT_MIN_BYTES: Final = 1 << 20  # smaller bodies are read into memory and copied once
 DRAIN_POLL_S: Final = 0.001
 CONTINUE: Final = b"HTTP/1.1 100 Continue\r\n\r\n"

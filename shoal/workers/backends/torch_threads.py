@@ -22,14 +22,17 @@ def named_intra_op_threads(params: Mapping[str, str], settings: Mapping[str, str
     """The count the model names (None: none); raises INVALID_ARG for a negative or non-integer
     count."""
     text = params.get(PARAMETER) or settings.get(SETTING)
-    if not text:
-        return None
+    return non_negative_int(text, SETTING) if text else None
+
+
+def non_negative_int(text: str, name: str) -> int:
+    """``text`` as an integer ≥ 0; raises INVALID_ARG naming ``name`` otherwise."""
     try:
         value = int(text)
     except ValueError:
         value = -1
     if value < 0:
-        raise invalid_arg(f"{SETTING} must be a non-negative integer, got '{text}'")
+        raise invalid_arg(f"{name} must be a non-negative integer, got '{text}'")
     return value
 
 

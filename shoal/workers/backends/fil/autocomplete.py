@@ -36,6 +36,7 @@ from shoal.workers.backends.fil.params import (
     config_parameters,
     parse_params,
 )
+from shoal.workers.backends.model_files import existing_file, newest_version_path
 
 _TIMEOUT_S: Final = 120.0
 
@@ -88,15 +89,8 @@ def complete_config(config: ModelConfig, params: FilParams, shape: ForestShape,
 def model_file_path(model_dir: str, config: ModelConfig, params: FilParams) -> str | None:
     """``<version>/<default_model_filename or the model_type's file>`` of the highest version
     that has it; None when there is none."""
-    filename = config.default_model_filename or params.default_filename
-    versions = sorted((int(d) for d in os.listdir(model_dir)
-                       if d.isascii() and d.isdigit() and (d == "0" or d[0] != "0")),
-                      reverse=True)
-    for version in versions:
-        path = os.path.join(model_dir, str(version), filename)
-        if os.path.isfile(path):
-            return path
-    return None
+    return newest_version_path(model_dir, config.default_model_filename or params.default_filename,
+                               existing_file)
 
 
 def fil_auto_complete(model_dir: str, config: ModelConfig,

@@ -26,6 +26,7 @@ import os
 from tritonclient.grpc.model_config_pb2 import DataType, ModelConfig, ModelInput, ModelOutput
 
 from shoal.errors import ShoalError, invalid_arg
+from shoal.workers.backends.model_files import newest_version_path
 from shoal.workers.backends.onnxruntime.graph_io import GraphTensor, config_type_name
 from shoal.workers.backends.onnxruntime.onnx_graph import read_graph_io
 
@@ -88,15 +89,8 @@ def _fill_io(io: ModelInput | ModelOutput, tensor: GraphTensor, max_batch_size: 
 def model_file_path(model_dir: str, config: ModelConfig) -> str | None:
     """The ONNX file auto-complete reads: ``<version>/<default_model_filename>`` of the highest
     version that has it (a directory model is ``<dir>/model.onnx``); None when there is none."""
-    filename = config.default_model_filename or DEFAULT_MODEL_FILENAME
-    versions = sorted((int(d) for d in os.listdir(model_dir)
-                       if d.isascii() and d.isdigit() and (d == "0" or d[0] != "0")),
-                      reverse=True)
-    for version in versions:
-        path = resolve_model_path(os.path.join(model_dir, str(version), filename))
-        if path is not None:
-            return path
-    return None
+    return newest_version_path(model_dir, config.default_model_filename or DEFAULT_MODEL_FILENAME,
+                               resolve_model_path)
 
 
 def resolve_model_path(path: str) -> str | None:

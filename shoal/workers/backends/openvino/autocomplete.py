@@ -30,6 +30,7 @@ from tritonclient.grpc.model_config_pb2 import DataType, ModelConfig, ModelInput
 
 from shoal.errors import invalid_arg
 from shoal.model_config import config_from_json, config_to_json
+from shoal.workers.backends.model_files import existing_path, newest_version_path
 from shoal.workers.backends.openvino.element_types import config_type_name
 
 DEFAULT_MODEL_FILENAME = "model.xml"
@@ -106,15 +107,8 @@ def _fill_io(io: ModelInput | ModelOutput, tensor: ModelTensor, max_batch_size: 
 def model_file_path(model_dir: str, config: ModelConfig) -> str | None:
     """``<version>/<default_model_filename or model.xml>`` of the highest version that has
     it; None when there is none."""
-    filename = config.default_model_filename or DEFAULT_MODEL_FILENAME
-    versions = sorted((int(d) for d in os.listdir(model_dir)
-                       if d.isascii() and d.isdigit() and (d == "0" or d[0] != "0")),
-                      reverse=True)
-    for version in versions:
-        path = os.path.join(model_dir, str(version), filename)
-        if os.path.exists(path):
-            return path
-    return None
+    return newest_version_path(model_dir, config.default_model_filename or DEFAULT_MODEL_FILENAME,
+                               existing_path)
 
 
 def openvino_auto_complete(model_dir: str, config: ModelConfig,

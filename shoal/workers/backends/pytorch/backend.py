@@ -64,7 +64,7 @@ from shoal.workers.backends.pytorch.program import (
     static_batch_inputs,
 )
 from shoal.workers.backends.pytorch.sequence_io import sequence_tensors
-from shoal.workers.backends.torch_threads import apply_intra_op_threads
+from shoal.workers.backends.torch_threads import apply_intra_op_threads, non_negative_int
 from shoal.workers.backends.torchscript_io import (
     IoSpec,
     flatten_outputs,
@@ -388,23 +388,13 @@ def _check_supported(config: Any, model_name: str) -> None:
 
 def _configure_torch(torch: Any, params: dict[str, str], settings: dict[str, str]) -> None:
     inter = params.get("INTER_OP_THREAD_COUNT") or settings.get("inter-op-thread-count")
-    if inter and _non_negative_int(inter, "inter-op-thread-count") > 0:
+    if inter and non_negative_int(inter, "inter-op-thread-count") > 0:
         try:
             torch.set_num_interop_threads(int(inter))
         except RuntimeError:
             logger.warning("inter-op thread count can only be set once per process; ignored")
     if params.get("DISABLE_OPTIMIZED_EXECUTION", "").lower() == "true":
         torch._C._set_graph_executor_optimize(False)
-
-
-def _non_negative_int(text: str, name: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise invalid_arg(f"{name} must be a non-negative integer, got '{text}'")
-    return value
 
 
 def _last_line(exc: BaseException) -> str:

@@ -28,6 +28,7 @@ from typing import Any, Final
 from tritonclient.grpc.model_config_pb2 import DataType, ModelConfig, ModelInput, ModelOutput
 
 from shoal.errors import ShoalError, invalid_arg
+from shoal.workers.backends.model_files import existing_dir, newest_version_path
 from shoal.workers.backends.tensorflow.params import tf_parameters
 from shoal.workers.backends.tensorflow.signature import Signature, SignatureTensor, read_signature
 
@@ -125,15 +126,8 @@ def _fill_io(io: ModelInput | ModelOutput, tensor: SignatureTensor, batching: bo
 def savedmodel_path(model_dir: str, config: ModelConfig) -> str | None:
     """The SavedModel directory auto-complete reads: ``<version>/<default_model_filename>`` of
     the highest version that has one; None when there is none."""
-    filename = config.default_model_filename or DEFAULT_MODEL_FILENAME
-    versions = sorted((int(d) for d in os.listdir(model_dir)
-                       if d.isascii() and d.isdigit() and (d == "0" or d[0] != "0")),
-                      reverse=True)
-    for version in versions:
-        path = os.path.join(model_dir, str(version), filename)
-        if os.path.isdir(path):
-            return path
-    return None
+    return newest_version_path(model_dir, config.default_model_filename or DEFAULT_MODEL_FILENAME,
+                               existing_dir)
 
 
 def tensorflow_auto_complete(model_dir: str, config: ModelConfig,
