@@ -2,7 +2,10 @@
 
 The frontend reads worker outputs and workers read frontend inputs through this cache. It only
 ever attaches names under this server's own prefix, checks every (offset, nbytes) against the
-mapped size, and never unlinks: the owner does that.
+mapped size, and never unlinks: the owner does that. A cached mapping of a segment its owner
+has unlinked would pin that memory (a dropped dedicated segment of up to the arena's size), so
+each new attach first closes the cached mappings whose object lost its name (one ``fstat``
+each; attaches are rare: owners keep and reuse their segments).
 
 Errors raise ShoalError(INTERNAL) with messages that never contain a segment name (they may reach
 clients); the name is logged instead.
@@ -80,13 +83,20 @@ class RegionCache:
         for region in [name for name in self._segments if name.startswith(prefix)]:
             self.forget(region)
 
+    def forget_unlinked(self) -> None:
+        """Close the cached mappings of segments that their owner has unlinked."""
+        for region in [name for name, segment in self._segments.items() if not segment.linked()]:
+            self.forget(region)
+
     def close(self) -> None:
         for region in list(self._segments):
             self.forget(region)
 
     def _attach(self, region: str, readonly: bool) -> Segment:
-        """(Re-)attach ``region``, replacing any cached mapping, and evict the LRU overflow."""
+        """(Re-)attach ``region``, replacing any cached mapping, and evict the LRU overflow
+        and the mappings of unlinked segments."""
         self.forget(region)
+        self.forget_unlinked()
         try:
             segment = Segment.attach(region, readonly=readonly)
         except (OSError, ValueError) as exc:

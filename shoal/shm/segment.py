@@ -139,6 +139,14 @@ class Segment:
             raise ValueError("segment is closed")
         return os.fstat(self._shm.fd).st_size
 
+    def linked(self) -> bool:
+        """Whether the mapped object still has its name (an ``fstat`` of the descriptor: its
+        link count drops to 0 once the owner unlinked it). A mapping of an unlinked object
+        still pins its memory until it is unmapped."""
+        if self._shm is None:
+            raise ValueError("segment is closed")
+        return os.fstat(self._shm.fd).st_nlink > 0
+
     def close(self) -> None:
         """Unmap and close; the owner also unlinks. Idempotent. If views or arrays exported from
         ``buf`` are still alive the unmap is left to the garbage collector (never raises)."""

@@ -68,19 +68,102 @@ def test_free_then_reuse(arena: Arena) -> None:
         arena.free_at("/shoal-test-other-0", 0)
 
 
-def test_oversize_request_gets_a_dedicated_segment_unlinked_on_free(arena: Arena) -> None:
+def test_oversize_request_gets_a_dedicated_segment_kept_on_free(shm_prefix: str) -> None:
+    arena = Arena(shm_prefix + "keep-", SEGMENT, 16 * SEGMENT)  # keeps up to a quarter
     small = arena.allocate(10)
     big = arena.allocate(SEGMENT + 1)
     assert big.region not in (small.region,)
     assert big.offset == 0 and len(big.view) == SEGMENT + 1
     assert _exists(big.region)
-    assert arena.reserved_bytes > 2 * SEGMENT
+    size = arena.reserved_bytes - SEGMENT
+    assert size > SEGMENT
     arena.free(big)
+    # kept for reuse: still there, counted as reserved and kept, no slot in use
+    assert _exists(big.region) and big.region in arena.segment_names
+    assert arena.kept_bytes == size and arena.reserved_bytes == SEGMENT + size
+    assert arena.used_bytes == 64
+    again = arena.allocate(SEGMENT + 100)  # about the same size: the same segment
+    assert (again.region, again.offset) == (big.region, 0)
+    assert arena.kept_bytes == 0
+    arena.free(again)
+    with pytest.raises(KeyError):
+        arena.free_at(again.region, 0)  # a kept segment holds no slot: double free
+    arena.close()
+
+
+def test_without_keeping_a_dedicated_segment_is_unlinked_on_free(shm_prefix: str) -> None:
+    plain = Arena(shm_prefix + "nokeep-", SEGMENT, 4 * SEGMENT, keep_bytes=0)
+    big = plain.allocate(SEGMENT + 1)
+    plain.free(big)
     assert not _exists(big.region)
-    assert big.region not in arena.segment_names
-    assert arena.reserved_bytes == SEGMENT
+    assert big.region not in plain.segment_names and plain.reserved_bytes == 0
     # names are never reused while the arena lives
-    assert arena.allocate(SEGMENT + 1).region != big.region
+    assert plain.allocate(SEGMENT + 1).region != big.region
+    plain.close()
+
+
+def test_kept_segments_serve_only_requests_of_about_their_size(shm_prefix: str) -> None:
+    arena = Arena(shm_prefix + "fit-", SEGMENT, 32 * SEGMENT, keep_bytes=16 * SEGMENT)
+    big = arena.allocate(8 * SEGMENT)
+    arena.free(big)
+    smaller = arena.allocate(2 * SEGMENT)  # would waste 3/4 of the kept one: a new segment
+    assert smaller.region != big.region
+    larger = arena.allocate(8 * SEGMENT + 1)  # does not fit the kept one
+    assert larger.region not in (big.region, smaller.region)
+    close = arena.allocate(7 * SEGMENT)  # within a quarter of its size: reused
+    assert close.region == big.region
+    arena.close()
+
+
+def test_kept_segments_are_bounded_oldest_dropped_first(shm_prefix: str) -> None:
+    arena = Arena(shm_prefix + "bound-", SEGMENT, 64 * SEGMENT, keep_bytes=7 * SEGMENT)
+    same = [arena.allocate(2 * SEGMENT) for _ in range(3)]
+    for slot in same:
+        arena.free(slot)
+    # at most KEEP_PER_SIZE of one size: the oldest went
+    assert [_exists(s.region) for s in same] == [False, True, True]
+    assert arena.kept_bytes == 4 * SEGMENT
+    other = arena.allocate(3 * SEGMENT)
+    arena.free(other)
+    # 4 + 3 = 7 segments' worth fits the cap
+    assert arena.kept_bytes == 7 * SEGMENT and _exists(other.region)
+    last = arena.allocate(3 * SEGMENT)  # reuses `other`
+    assert last.region == other.region
+    bigger = arena.allocate(4 * SEGMENT)
+    arena.free(last)
+    arena.free(bigger)  # 4 + 3 + 4 > 7: the oldest kept (same[1], same[2]) make room
+    assert [_exists(s.region) for s in same] == [False, False, False]
+    assert _exists(other.region) and _exists(bigger.region)
+    assert arena.kept_bytes == 7 * SEGMENT
+    too_big = arena.allocate(8 * SEGMENT)  # larger than the whole cap: never kept
+    arena.free(too_big)
+    assert not _exists(too_big.region)
+    assert arena.reserved_bytes == arena.kept_bytes == 7 * SEGMENT
+    arena.close()
+
+
+def test_kept_segments_make_room_before_the_arena_is_full(shm_prefix: str) -> None:
+    arena = Arena(shm_prefix + "room-", SEGMENT, 4 * SEGMENT, keep_bytes=2 * SEGMENT)
+    big = arena.allocate(2 * SEGMENT)
+    arena.free(big)
+    assert arena.kept_bytes == 2 * SEGMENT
+    held = [arena.allocate(SEGMENT) for _ in range(4)]  # needs the kept memory back
+    assert not _exists(big.region) and arena.kept_bytes == 0
+    assert arena.reserved_bytes == 4 * SEGMENT
+    for slot in held:
+        arena.free(slot)
+    arena.close()
+
+
+def test_close_unlinks_kept_segments(shm_prefix: str) -> None:
+    arena = Arena(shm_prefix + "close-", SEGMENT, 32 * SEGMENT)
+    kept = [arena.allocate(2 * SEGMENT), arena.allocate(3 * SEGMENT)]
+    for slot in kept:
+        arena.free(slot)
+    assert all(_exists(slot.region) for slot in kept)
+    arena.close()
+    assert not any(_exists(slot.region) for slot in kept)
+    assert arena.kept_bytes == 0 and arena.reserved_bytes == 0
 
 
 def test_full_arena_raises_unavailable(arena: Arena) -> None:

@@ -91,3 +91,25 @@ def test_lru_evicts_and_closes_the_oldest(shm_prefix: str) -> None:
     assert len(cache) == 0
     for owner in owners:
         owner.close()
+
+
+def test_an_attach_drops_the_mappings_of_unlinked_segments(shm_prefix: str) -> None:
+    """A mapping of a segment its owner dropped would pin the memory: the next attach closes
+    it; mappings of live segments stay."""
+    live = Segment.create(shm_prefix + "w-live", 4096)
+    dropped = Segment.create(shm_prefix + "w-dropped", 4096)
+    newer = Segment.create(shm_prefix + "w-newer", 4096)
+    cache = RegionCache(shm_prefix)
+    cache.view(live.name, 0, 1)
+    cache.view(dropped.name, 0, 1)
+    assert dropped.linked()
+    dropped.close()  # the owner unlinks it
+    assert dropped.name in cache
+    cache.view(live.name, 0, 1)  # cached: no attach, nothing checked
+    assert dropped.name in cache
+    cache.view(newer.name, 0, 1)
+    assert dropped.name not in cache
+    assert live.name in cache and newer.name in cache
+    cache.close()
+    live.close()
+    newer.close()
