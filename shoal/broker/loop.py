@@ -22,6 +22,7 @@ from shoal.broker.custom_metrics import merge_custom_metrics
 from shoal.broker.ensemble.driver import ENSEMBLE_LEASE, INTERNAL, EnsembleDriver
 from shoal.broker.frontend_link import BLS_PREFIX, FrontendLink
 from shoal.broker.health import note_progress
+from shoal.broker.held_releases import HeldReleases, Hold
 from shoal.broker.lifecycle.device_ledger import device_memory
 from shoal.broker.lifecycle.driver import LifecycleDriver
 from shoal.broker.model_runtime import InstanceSlot, ModelVersionRuntime
@@ -89,6 +90,8 @@ class BrokerLoop:
         self.poller = zmq.Poller()
         self.poller.register(self.frontends.socket, zmq.POLLIN)
         self.workers = WorkerLink(self.context, self.worker_endpoint, self.poller)
+        # lease releases for workers, riding on their next Batch (held_releases.py)
+        self.held_releases = HeldReleases()
         self.snapshot_dirty = False
         self.next_batch_id = 1
         self.next_exec_id = 1
@@ -136,6 +139,7 @@ class BrokerLoop:
         now = time.monotonic()
         self.tick(now)
         self.flush_answers()
+        self.flush_releases()  # before sleeping: only executing workers' releases stay held
         timeout = self.next_timeout(now)
         # zmq polls in whole milliseconds: a sub-millisecond wait (a batcher's µs queue delay)
         # polls without blocking until it is due, instead of rounding up to a full millisecond.
@@ -155,6 +159,7 @@ class BrokerLoop:
         self.check_health(time.monotonic())  # after reading: heartbeats waiting are counted
         self.tick(time.monotonic())
         self.flush_answers()
+        self.flush_releases()
 
     def next_timeout(self, now: float) -> float:
         deadline = now + _MAX_WAIT_S
@@ -201,6 +206,9 @@ class BrokerLoop:
         if isinstance(message, InferRequest):
             self.submit(identity, message, now)
         elif isinstance(message, InferRequestBatch):
+            if message.releases:  # first: a batch dispatched below may carry them
+                self.frontends.returned(identity, message.releases)
+                self.forward_releases(message.releases)
             for request in message.requests:
                 self.submit(identity, request, now)
         elif isinstance(message, ReleaseLeases):
@@ -304,6 +312,9 @@ class BrokerLoop:
                            len(mine))
 
     def forward_releases(self, leases: list[Lease]) -> None:
+        """Leases their holders gave back: an ensemble run's at once; a worker's are held to ride
+        on its next Batch, or sent at the end of this pass if it is not executing (then a Batch
+        of this pass may still take them); a dead worker's are dropped (held_releases.py)."""
         grouped: dict[str, list[Lease]] = defaultdict(list)
         for lease in leases:
             grouped[lease.instance].append(lease)
@@ -311,9 +322,19 @@ class BrokerLoop:
         if ensemble_runs:
             self.ensembles.release([lease.lease_id for lease in ensemble_runs])
         for instance, group in grouped.items():
-            entry = self.workers.entries.get(instance)
-            if entry is not None and entry[0].state is not WorkerState.DEAD:
-                self.workers.send(instance, ReleaseLeases(group))
+            self.held_releases.add(instance, group, self.release_hold(instance))
+
+    def release_hold(self, instance: str) -> Hold:
+        entry = self.workers.entries.get(instance)
+        if entry is None or entry[0].state is WorkerState.DEAD:
+            return Hold.DROP
+        return Hold.UNTIL_BATCH if entry[0].state is WorkerState.BUSY else Hold.UNTIL_PASS_END
+
+    def flush_releases(self) -> None:
+        """End of a loop pass: releases that no Batch took and whose worker is not executing
+        leave as one ReleaseLeases per worker."""
+        for instance, leases in self.held_releases.due(self.release_hold):
+            self.workers.send(instance, ReleaseLeases(leases))
 
     def answer(self, identity: bytes, response: InferResponse) -> None:
         """Queue a terminal answer; flush_answers sends it at the end of this loop pass."""
@@ -429,8 +450,8 @@ class BrokerLoop:
         self.next_exec_id += len(keys)
         worker.state, worker.batch_id = WorkerState.BUSY, batch_id
         note_progress(worker, now)
-        self.workers.send(worker.identity, Batch(batch_id, requests, rows or [],
-                                                controls or []))
+        self.workers.send(worker.identity, Batch(batch_id, requests, rows or [], controls or [],
+                                                self.held_releases.take(worker.identity)))
 
     # ------------------------------------------------------------------ workers
 
@@ -539,6 +560,7 @@ class BrokerLoop:
         now = time.monotonic()
         handle, runtime, slot = self.workers.remove(identity)
         reap(handle, timeout=1.0)
+        self.held_releases.drop(identity)  # its arena is removed below
         if self.rate_limiter is not None:
             self.rate_limiter.forget(identity)  # what it held is free; tick grants it again
         expected = handle.state is WorkerState.STOPPING and slot.last_exit == ""

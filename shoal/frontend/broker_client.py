@@ -4,9 +4,10 @@ repository snapshot the broker pushes.
 
 Threads: everything runs on the frontend's asyncio loop. Requests and lease releases are queued
 and flushed once per loop iteration: all requests that handlers submitted in one iteration go out
-as one InferRequestBatch, all releases as one ReleaseLeases (one socket send each, however many
-requests arrived together; a lone request still goes out in the next iteration, so no latency is
-added).
+as one InferRequestBatch, carrying that iteration's lease releases too (``releases``); releases
+with no request to ride on go as one ReleaseLeases. One socket send per iteration, however many
+requests and releases arrived together; a lone request still goes out in the next iteration, so
+no latency is added.
 """
 
 from __future__ import annotations
@@ -202,11 +203,16 @@ class BrokerClient:
 
     def _flush(self) -> None:
         self._flush_scheduled = False
+        leases = self._releases
+        if leases:
+            self._releases = []
         if self._outbox:
             requests, self._outbox = self._outbox, []
+            if leases:  # one message, not two: the releases ride on the requests
+                self._send(InferRequestBatch(requests, leases))
+                return
             self._send(requests[0] if len(requests) == 1 else InferRequestBatch(requests))
-        if self._releases:
-            leases, self._releases = self._releases, []
+        if leases:
             self._send(ReleaseLeases(leases))
 
     async def stats(self, model: str, version: int, timeout_s: float = 10.0) -> StatsReply:

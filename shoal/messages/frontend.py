@@ -66,11 +66,14 @@ class InferResponse(msgspec.Struct, frozen=True, array_like=True, omit_defaults=
     trace: TraceStamps | None = None  # a traced request's terminal answer (InferRequest.trace)
 
 
-class InferRequestBatch(msgspec.Struct, frozen=True, array_like=True):
+class InferRequestBatch(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
     """frontend -> broker: several InferRequests queued in one event-loop iteration, sent as one
-    message (one socket send instead of many under load)."""
+    message (one socket send instead of many under load). ``releases``: output leases the
+    sender is done with, riding on this message instead of a ReleaseLeases of their own; the
+    broker treats them exactly as a ReleaseLeases received just before the requests."""
 
     requests: list[InferRequest]
+    releases: list[Lease] = []
 
 
 class InferResponseBatch(msgspec.Struct, frozen=True, array_like=True):
@@ -80,7 +83,9 @@ class InferResponseBatch(msgspec.Struct, frozen=True, array_like=True):
 
 
 class ReleaseLeases(msgspec.Struct, frozen=True, array_like=True):
-    """frontend -> broker -> worker: the frontend is done with these output leases."""
+    """frontend -> broker -> worker: the frontend is done with these output leases. Sent
+    alone only when nothing else is going that way: a frontend's releases ride on its
+    InferRequestBatch, the broker's on the worker's next Batch (``broker/held_releases.py``)."""
 
     leases: list[Lease]
 

@@ -71,12 +71,17 @@ class Batch(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
     Sequence batches (sequence_batching models) also carry ``rows``: per batch row, the index of
     its request in ``requests`` or -1 for a not-ready row (zeros shaped like the first request's
     inputs; its outputs are discarded); and ``controls``: the START/END/READY/CORRID tensors of
-    the whole batch, one row per entry of ``rows`` (each request gets its own row of them)."""
+    the whole batch, one row per entry of ``rows`` (each request gets its own row of them).
+
+    ``releases``: output leases of this worker that their holders gave back while it was busy
+    (``broker/held_releases.py``); the worker frees them before executing the batch, as it
+    would a ReleaseLeases read just before it."""
 
     batch_id: int
     requests: list[WorkerRequest]
     rows: list[int] = []
     controls: list[InlineTensor] = []
+    releases: list[Lease] = []
 
 
 class Result(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):

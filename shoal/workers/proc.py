@@ -1,9 +1,10 @@
 """The worker process: one model instance on one device (DESIGN §1).
 
-Loop: receive a Batch from the broker, map each request's inputs from shared memory (no copy),
-run the backend, copy outputs into this worker's output arena (or a client's region), answer with
-a BatchResult. It knows nothing about HTTP or scheduling. Entry: ``python -m shoal.workers
-<WorkerSpec JSON>``.
+Loop: receive a Batch from the broker (first freeing the output leases it carries: releases
+given back while this worker was busy ride on its next Batch), map each request's inputs from
+shared memory (no copy), run the backend, copy outputs into this worker's output arena (or a
+client's region), answer with a BatchResult. It knows nothing about HTTP or scheduling.
+Entry: ``python -m shoal.workers <WorkerSpec JSON>``.
 
 Sockets (all DEALERs to the broker's worker ROUTER):
   ``<identity>``    batches in, BatchResults out; the main thread only.
@@ -43,6 +44,7 @@ from shoal.messages import (
     Error,
     ForgetCudaHandles,
     Heartbeat,
+    Lease,
     ReleaseLeases,
     Result,
     StreamResponse,
@@ -171,14 +173,20 @@ class WorkerProc:
                 continue
             message = decode(self.socket.recv_multipart())
             if isinstance(message, Batch):
+                if message.releases:  # given back while this worker was busy: free them first
+                    self._release(message.releases)
                 result = self.execute(message)
                 self.socket.send_multipart(encode(result))
             elif isinstance(message, ReleaseLeases):
-                with self.output_lock:
-                    for lease in message.leases:
-                        self.outputs.release(lease.lease_id)
+                self._release(message.leases)
             elif isinstance(message, WorkerShutdown):
                 self.stopping = True
+
+    def _release(self, leases: list[Lease]) -> None:
+        """Main thread, between batches: the holders are done with these output leases."""
+        with self.output_lock:
+            for lease in leases:
+                self.outputs.release(lease.lease_id)
 
     def _control_loop(self) -> None:
         """Cancellation flags and forgets arrive here while the main thread may be inside the
