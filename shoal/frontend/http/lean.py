@@ -14,9 +14,12 @@ graceful shutdown and disconnect handling drive it unchanged. Per request it the
 2. sends ``100 Continue`` if the client asked, and waits for the body, which the protocol feeds
    in as it is parsed (chunked or not): into a list of chunks, or, for a large binary request
    (``Content-Length`` ≥ ``BODY_SLOT_MIN_BYTES``, ``Inference-Header-Content-Length`` set, no
-   ``Content-Encoding``), straight into one arena slot, padded so the binary part starts 64-byte
+   ``Content-Encoding``), into one arena slot, padded so the binary part starts 64-byte
    aligned: its binary inputs are then referenced in place, with no further copy
-   (``infer_common.BodySlot``);
+   (``infer_common.BodySlot``). The body bytes that came with the headers are copied in; for the
+   rest the transport reads straight into the slot (``_BodyReader``, an
+   ``asyncio.BufferedProtocol`` that stands in for the connection's protocol until the body is
+   in: no ``bytes`` object and no user-space copy per read);
 3. runs ``InferHandler.answer`` (the same decode, validation and encoding as the Starlette
    route) as this task: if the client disconnects meanwhile, the task is cancelled, which
    cancels the request at the broker;
@@ -137,6 +140,50 @@ class _Wakeup:
         self.set = callback
 
 
+class _BodyReader(asyncio.BufferedProtocol):
+    """Stands in for the connection's protocol while the rest of a slot-bound body is read: the
+    transport reads into the slot itself (``get_buffer`` returns exactly the bytes still owed,
+    so a read never takes a byte past the body). Each read counts as body progress for the
+    guard's body timeout. Once the body is in, the connection's protocol is put back with a
+    fresh parser (the old one still waits for the body it never saw) and told the message is
+    complete, as its parser would have. Connection events go on to the connection's protocol."""
+
+    def __init__(self, cycle: LeanInferCycle) -> None:
+        self.cycle = cycle
+        self.protocol = cycle.protocol
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        cycle = self.cycle
+        slot = cycle._body_slot
+        assert slot is not None  # detached before the slot goes
+        return slot.slot.view[slot.start + cycle._size:]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        cycle = self.cycle
+        protocol = self.protocol
+        cycle._size += nbytes
+        protocol._body_bytes += nbytes
+        protocol._deadline = protocol.loop.time() + protocol._body_timeout_s  # progress
+        slot = cycle._body_slot
+        assert slot is not None
+        if slot.start + cycle._size >= slot.slot.nbytes:
+            cycle._detach_reader()
+            protocol.parser = httptools.HttpRequestParser(protocol)
+            protocol.on_message_complete()
+
+    def eof_received(self) -> None:
+        self.protocol.eof_received()  # None: the transport closes (a body cut short)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.protocol.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self.protocol.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.protocol.resume_writing()
+
+
 class LeanInferCycle:
     """One infer request on one connection (see the module doc). Runs on the event loop."""
 
@@ -163,6 +210,17 @@ class LeanInferCycle:
         self._task: asyncio.Task[None] | None = None
         self._answering = False  # the request is with the DataPlane: a disconnect cancels it
         self._body_slot: BodySlot | None = self._body_slot_for(protocol)
+        self._reader: _BodyReader | None = None
+        if self._body_slot is not None:
+            # from the next read on (the parser is still taking this one apart)
+            self._reader = _BodyReader(self)
+            protocol.transport.set_protocol(self._reader)
+
+    def _detach_reader(self) -> None:
+        """Give the transport back to the connection's protocol (idempotent)."""
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            self.protocol.transport.set_protocol(self.protocol)
 
     # ------------------------------------------------------------------ body (protocol side)
 
@@ -204,6 +262,7 @@ class LeanInferCycle:
         self._size += len(body)
 
     def body_complete(self) -> None:
+        self._detach_reader()  # the whole body came with the headers' read
         self._body_done = True
         waiter = self._body_waiter
         if waiter is not None and not waiter.done():
@@ -213,6 +272,7 @@ class LeanInferCycle:
         """uvicorn (connection lost) or the guard (body refused) set ``disconnected``."""
         if not self.disconnected:
             return
+        self._detach_reader()
         waiter = self._body_waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
@@ -302,6 +362,7 @@ class LeanInferCycle:
         return self._body_done and not self.disconnected
 
     def _free_body_slot(self) -> None:
+        self._detach_reader()
         slot, self._body_slot = self._body_slot, None
         if slot is not None:
             self.lean.dataplane.free(slot.slot)

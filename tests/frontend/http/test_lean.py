@@ -60,8 +60,10 @@ class Served:
             r.request_id for r in dataplane.requests)
 
 
-@pytest.fixture
-def served() -> Iterator[Served]:
+@contextlib.contextmanager
+def serve(limits: HttpLimits = LIMITS) -> Iterator[Served]:
+    """uvicorn with GuardedHttpProtocol (``limits``) over the real app and a FakeDataPlane, in
+    a thread, for the block."""
     dataplane = FakeDataPlane(models=[make_model("identity", [TensorSpec("INPUT0", "FP32", [-1])])])
     app = create_asgi_app(dataplane, SETTINGS)  # type: ignore[arg-type]
     assert isinstance(app, InferFastPath)
@@ -76,7 +78,7 @@ def served() -> Iterator[Served]:
     sock.bind(("127.0.0.1", 0))
     sock.listen(128)
     config = uvicorn.Config(app, log_level="warning", lifespan="off", ws="none",
-                            http=guarded_protocol(LIMITS))
+                            http=guarded_protocol(limits))
     server = _Server(config)
     thread = threading.Thread(target=lambda: uvloop.run(server.serve(sockets=[sock])))
     thread.start()
@@ -84,10 +86,18 @@ def served() -> Iterator[Served]:
     while not server.started:
         assert time.monotonic() < deadline
         time.sleep(0.01)
-    yield Served(sock.getsockname()[1], dataplane, asgi_infers)
-    server.should_exit = True
-    thread.join(10)
-    sock.close()
+    try:
+        yield Served(sock.getsockname()[1], dataplane, asgi_infers)
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+
+
+@pytest.fixture
+def served() -> Iterator[Served]:
+    with serve() as running:
+        yield running
 
 
 def binary_request(array: np.ndarray[Any, Any], binary_output: bool = True) -> tuple[bytes, int]:
