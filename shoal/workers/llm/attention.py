@@ -12,7 +12,8 @@ layers see all of them at once). Attention then treats two kinds of sequence:
   or the rest of a prompt whose prefix came from reused blocks); its queries attend to the
   gathered keys of positions [0, cached + i] (query i), one span at a time.
 
-``AttentionBatch`` is built once per iteration and shared by every layer.
+``AttentionBatch`` is built once per iteration and shared by every layer; a layer with a sliding
+window gets a copy whose masks also hide the keys outside the window (``window.py``).
 
 Gathering the decode rows' blocks copies every cached key and value of the batch once per layer
 and iteration. ``DecodeKvCopy`` keeps those copies from one iteration to the next: while the
@@ -100,6 +101,7 @@ class ExtendSpan:
     end: int
     blocks: torch.Tensor  # [NB] the sequence's block table
     mask: torch.Tensor  # [1, 1, end - start, NB * tokens_per_block] True = attend
+    cached: int = 0  # position of the span's first token (``window.py`` narrows the mask)
 
 
 @dataclass(frozen=True)
@@ -118,6 +120,10 @@ class AttentionBatch:
     decode_reused: bool = False  # decode_copy holds this iteration's rows: write the new token
     decode_positions: torch.Tensor | None = None  # [Bd] position of each decode row's token
     decode_refresh: torch.Tensor | None = None  # rows of decode_copy to gather again (or None)
+    decode_lengths: tuple[int, ...] = ()  # keys each decode row attends to: its position + 1
+    # one per prefill span when ``window.py`` cut one: an additive [1, 1, n, n] mask in the
+    # model's dtype (causal and windowed) for the span, or None (plain causal); () when none
+    prefill_masks: tuple[torch.Tensor | None, ...] = ()
 
 
 def build_attention_batch(spans: list[SequenceSpan], blocks: BlockManager,
@@ -178,6 +184,7 @@ def build_attention_batch(spans: list[SequenceSpan], blocks: BlockManager,
         decode_positions=positions,
         decode_refresh=(torch.tensor(refresh, dtype=torch.long, device=device)
                         if refresh else None),
+        decode_lengths=tuple(decode_lengths),
     )
 
 
@@ -189,7 +196,7 @@ def _extend_span(span: SequenceSpan, tokens_per_block: int,
     return ExtendSpan(
         start=span.start, end=span.start + span.num_tokens,
         blocks=torch.tensor(span.block_table, dtype=torch.long, device=device),
-        mask=(keys[None, :] <= last_key[:, None])[None, None])
+        mask=(keys[None, :] <= last_key[:, None])[None, None], cached=span.cached)
 
 
 def paged_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -203,12 +210,13 @@ def paged_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     layer_cache[1].index_copy_(0, batch.slot_mapping, value)
     gqa = query.shape[1] != key.shape[1]
     out = torch.empty_like(query)
-    for start, end in batch.prefill_spans:
+    for index, (start, end) in enumerate(batch.prefill_spans):
         q = query[start:end].transpose(0, 1)[None]
         k = key[start:end].transpose(0, 1)[None]
         v = value[start:end].transpose(0, 1)[None]
-        attended = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale,
-                                                  enable_gqa=gqa)
+        mask = batch.prefill_masks[index] if batch.prefill_masks else None
+        attended = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
+                                                  scale=scale, enable_gqa=gqa)
         out[start:end] = attended[0].transpose(0, 1)
     if batch.decode_rows.numel():
         q = query[batch.decode_rows][:, :, None, :]  # [Bd, H, 1, D]

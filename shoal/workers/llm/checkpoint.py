@@ -3,9 +3,12 @@ tensors, ``tokenizer.json`` -> ``tokenizers.Tokenizer``. Nothing is downloaded.
 
 Supported architectures: the Llama family — ``model_type`` "llama", "mistral", "qwen2" and
 "qwen3", which differ only by the switches of ``ModelSpec`` (q/k/v and output biases, QK-norm) —
-with default or Llama 3 (``rope_type: llama3``) rotary embeddings, and GPT-2. A sliding window
-shorter than the model's context is refused: the paged attention has no window mask. Anything
-else fails with UNSUPPORTED naming the config field at fault.
+with default or Llama 3 (``rope_type: llama3``) rotary embeddings, and GPT-2. Sliding-window
+attention (Mistral's ``sliding_window``; Qwen2/Qwen3's with ``use_sliding_window``, on the layers
+``layer_types`` / ``max_window_layers`` make "sliding_attention") is read into
+``ModelSpec.layer_windows`` and applied by ``window.py`` as Hugging Face does: a query at
+position p attends to the keys of positions (p - window, p]. Anything else fails with
+UNSUPPORTED naming the config field at fault.
 """
 
 from __future__ import annotations
@@ -66,6 +69,9 @@ class ModelSpec:
     attention_scale: float = 1.0  # GPT-2 without layer-index scaling; Llama: head_dim ** -0.5
     scale_attn_by_inverse_layer_idx: bool = False
     eos_token_id: int | None = None
+    # the attention window of each layer (None: the layer attends to every earlier position);
+    # empty when no layer has one. A query at position p sees positions (p - window, p].
+    layer_windows: tuple[int | None, ...] = ()
 
 
 def read_model_spec(model_dir: str | Path) -> ModelSpec:
@@ -120,38 +126,38 @@ def _rope_scaling(rope: dict[str, Any]) -> Llama3RopeScaling | None:
     return scaling
 
 
-def _sliding_window(config: dict[str, Any], model_type: str) -> int | None:
-    """The attention window some layer of the model uses, or None. Qwen2/Qwen3 apply their
-    ``sliding_window`` only with ``use_sliding_window`` and only to layers typed
-    "sliding_attention" (by default those from ``max_window_layers`` on), as HF does."""
+def _layer_windows(config: dict[str, Any], model_type: str) -> tuple[int | None, ...]:
+    """The attention window of each layer, as HF applies it, or () when no layer has one.
+    Mistral applies its ``sliding_window`` to every layer; Qwen2/Qwen3 only with
+    ``use_sliding_window`` and only to layers typed "sliding_attention" by ``layer_types`` (by
+    default those from ``max_window_layers`` on); Llama never."""
     window = config.get("sliding_window")
     if window is None or model_type == "llama":
-        return None
-    if model_type in ("qwen2", "qwen3"):
-        if not config.get("use_sliding_window", False):
-            return None
-        layer_types = config.get("layer_types")
-        if layer_types is not None:
-            sliding = "sliding_attention" in layer_types
-        else:
-            first_sliding = int(config.get("max_window_layers", 28))  # HF's default
-            sliding = int(config["num_hidden_layers"]) > first_sliding
-        if not sliding:
-            return None
-    return int(window)
+        return ()
+    window = int(window)
+    if window < 1:
+        raise invalid_arg(f"config.json sliding_window must be positive, got {window}")
+    num_layers = int(config["num_hidden_layers"])
+    if model_type == "mistral":
+        return (window,) * num_layers
+    if not config.get("use_sliding_window", False):
+        return ()
+    layer_types = config.get("layer_types")
+    if layer_types is None:
+        first_sliding = int(config.get("max_window_layers", 28))  # HF's default
+        layer_types = ["sliding_attention" if i >= first_sliding else "full_attention"
+                       for i in range(num_layers)]
+    if len(layer_types) != num_layers:
+        raise invalid_arg(f"config.json layer_types has {len(layer_types)} entries for "
+                          f"{num_layers} layers")
+    windows = tuple(window if kind == "sliding_attention" else None for kind in layer_types)
+    return windows if any(w is not None for w in windows) else ()
 
 
 def _llama_spec(config: dict[str, Any], model_type: str) -> ModelSpec:
     rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
     rope_scaling = _rope_scaling(rope)
-    window = _sliding_window(config, model_type)
     max_positions = int(config["max_position_embeddings"])
-    if window is not None and window < max_positions:
-        raise unsupported(
-            f"config.json sliding_window {window} is shorter than max_position_embeddings "
-            f"{max_positions}: sliding-window attention is not supported (the paged attention "
-            f"attends to every cached position, which would differ from the model beyond "
-            f"{window} tokens)")
     biased = bool(config.get("attention_bias", False))
     if model_type == "qwen2":  # biases on q/k/v only, whatever attention_bias says
         qkv_bias, out_proj_bias = True, False
@@ -184,6 +190,7 @@ def _llama_spec(config: dict[str, Any], model_type: str) -> ModelSpec:
         tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
         attention_scale=head_dim ** -0.5,
         eos_token_id=_eos(config),
+        layer_windows=_layer_windows(config, model_type),
     )
 
 

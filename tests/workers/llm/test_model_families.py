@@ -1,7 +1,7 @@
 """The Llama relatives — Llama 3 rope scaling, Qwen2 (q/k/v biases, tied embeddings), Qwen3
 (QK-norm) and Mistral — against Hugging Face: the model step's logits, and the executor's
-greedy and beam-search outputs token for token (float32, CPU). Sliding windows shorter than the
-context are refused at load."""
+greedy and beam-search outputs token for token (float32, CPU). Sliding windows are tested in
+test_sliding_window.py; here, which layers of a config get one."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from shoal.errors import ErrorCode, ShoalError
+from shoal.errors import ShoalError
 from shoal.workers.llm import Executor, ExecutorConfig, OutputConfig, Request, SamplingConfig
 from shoal.workers.llm.checkpoint import Llama3RopeScaling, read_model_spec
 from shoal.workers.llm.models import load_model
@@ -149,29 +149,33 @@ def test_beam_search_equals_hf(family_dir: pathlib.Path, make_executor: MakeExec
     ("qwen3", {"use_sliding_window": True, "sliding_window": 16, "max_window_layers": 1,
                "layer_types": None}),  # layers from max_window_layers on slide
 ])
-def test_sliding_window_shorter_than_context_is_refused(
-        tmp_path: pathlib.Path, make_executor: MakeExecutor, family: str,
-        changes: dict[str, object]) -> None:
+def test_sliding_window_shorter_than_context_loads(tmp_path: pathlib.Path, family: str,
+                                                   changes: dict[str, object]) -> None:
+    """Refused before the window mask existed; now each sliding layer gets the window."""
     path = edit_config(build(family, tmp_path / family), **changes)
-    with pytest.raises(ShoalError) as raised:
-        make_executor(path)
-    assert raised.value.code is ErrorCode.UNSUPPORTED
-    assert ("sliding_window 16 is shorter than max_position_embeddings 256"
-            in raised.value.message)
+    model = load_model(path, "cpu")
+    expected = {"mistral": (16, 16), "qwen2": (None, 16), "qwen3": (None, 16)}[family]
+    assert model.spec.layer_windows == expected
+    if family != "mistral":  # HF reads the same layer types (Mistral has none: all slide)
+        config = hf_model(path).config
+        assert [w is not None for w in expected] == [
+            kind == "sliding_attention" for kind in config.layer_types]
 
 
-@pytest.mark.parametrize(("family", "changes"), [
-    ("mistral", {"sliding_window": 256}),  # the window covers the whole context
-    ("qwen2", {"use_sliding_window": False, "sliding_window": 16}),  # HF ignores the window
+@pytest.mark.parametrize(("family", "changes", "windows"), [
+    ("mistral", {"sliding_window": 256}, (256, 256)),  # covers the context: never cuts
+    ("qwen2", {"use_sliding_window": False, "sliding_window": 16}, ()),  # HF ignores it
     ("qwen3", {"use_sliding_window": True, "sliding_window": 16,
-               "layer_types": ["full_attention", "full_attention"]}),  # no sliding layer
+               "layer_types": ["full_attention", "full_attention"]}, ()),  # no sliding layer
     ("qwen2", {"use_sliding_window": True, "sliding_window": 16, "layer_types": None,
-               "max_window_layers": None}),  # max_window_layers 28 (HF's default) >= 2 layers
+               "max_window_layers": None}, ()),  # max_window_layers 28 (HF's default) >= 2
 ])
 def test_windows_that_never_apply_load(tmp_path: pathlib.Path, family: str,
-                                       changes: dict[str, object]) -> None:
+                                       changes: dict[str, object],
+                                       windows: tuple[int, ...]) -> None:
     path = edit_config(build(family, tmp_path / family), **changes)
-    assert load_model(path, "cpu").spec.architecture == family
+    spec = load_model(path, "cpu").spec
+    assert spec.architecture == family and spec.layer_windows == windows
 
 
 def test_unsupported_rope_settings_are_named(tmp_path: pathlib.Path) -> None:

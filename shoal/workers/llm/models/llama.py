@@ -2,7 +2,8 @@
 paged KV cache. Weights come from a ``LlamaForCausalLM`` checkpoint or one of its relatives, which
 differ only by switches of ``ModelSpec``: ``MistralForCausalLM`` (no biases),
 ``Qwen2ForCausalLM`` (``qkv_bias``), ``Qwen3ForCausalLM`` (``qk_norm``), and Llama 3's
-``rope_scaling``. q/k/v and gate/up projections are concatenated at load so each layer runs two
+``rope_scaling``; sliding windows per layer (``ModelSpec.layer_windows``, see ``window.py``).
+q/k/v and gate/up projections are concatenated at load so each layer runs two
 matmuls fewer per iteration."""
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from shoal.workers.llm.checkpoint import ModelSpec
 from shoal.workers.llm.kv_cache import KvCachePool
 from shoal.workers.llm.models.layers import Linear, activation, rms_norm, take
 from shoal.workers.llm.models.rope import RotaryTable, inverse_frequencies
+from shoal.workers.llm.window import layer_batches
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,9 @@ class LlamaModel:
         kv_size = spec.num_kv_heads * spec.head_dim
         cos_sin = self._rotary.at(positions)
         heads = spec.num_heads + spec.num_kv_heads
+        # sliding windows (spec.layer_windows) folded into each layer's masks
+        batches = (layer_batches(batch, spec.layer_windows, self.dtype) if spec.layer_windows
+                   else None)
         for index, layer in enumerate(self._layers):
             normed = rms_norm(hidden, layer.input_norm, spec.norm_eps)
             qkv = layer.qkv(normed)
@@ -99,7 +104,8 @@ class LlamaModel:
                 rotated = self._rotary.rotate(
                     qkv[:, :q_size + kv_size].view(-1, heads, spec.head_dim), cos_sin)
                 query, key = rotated[:, :spec.num_heads], rotated[:, spec.num_heads:]
-            attended = paged_attention(query, key, value, kv.layer(index), batch,
+            attended = paged_attention(query, key, value, kv.layer(index),
+                                       batch if batches is None else batches[index],
                                        spec.attention_scale, index)
             # residual sums in place: ``hidden`` is this forward's own tensor (bitwise the same)
             hidden = hidden.add_(layer.out(attended.reshape(-1, q_size)))
