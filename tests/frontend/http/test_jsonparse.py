@@ -53,6 +53,17 @@ def test_many_shallow_brackets_are_not_deep() -> None:
     assert not json_depth_exceeds(text)
 
 
+@pytest.mark.parametrize("padding", [0, 5000])  # short texts count brackets, long ones find them
+def test_depth_limit_is_the_same_for_short_and_long_texts(padding: int) -> None:
+    def padded(depth: int) -> bytes:
+        return ("[" * depth + " " * padding + "1" + "]" * depth).encode()
+
+    assert not json_depth_exceeds(padded(100))
+    assert json_depth_exceeds(padded(101))
+    objects = ('{"a":' * 101 + " " * padding + "1" + "}" * 101).encode()
+    assert json_depth_exceeds(objects)
+
+
 def test_depth_is_tracked_across_scan_chunks() -> None:
     padding = " " * (1 << 20)
     text = ("[" * 60 + padding + "[" * 60 + "1" + "]" * 120).encode()
