@@ -1,8 +1,10 @@
 """The ``llm`` backend's request tensors -> executor ``Request`` and results -> output tensors,
-with and without a batch dimension."""
+with and without a batch dimension; batches of several items split into one ``Request`` each
+and their outputs stacked back (TensorRT-LLM's ``tensorrt_llm`` model rules)."""
 
 from __future__ import annotations
 
+import pathlib
 from typing import Any
 
 import numpy as np
@@ -11,12 +13,16 @@ import pytest
 from shoal.errors import ShoalError
 from shoal.workers.backends.base import BackendRequest
 from shoal.workers.backends.llm.interface import (
+    batch_index_output,
     client_message,
     parse_request,
+    parse_requests,
+    stack_items,
     tensor_outputs,
     text_output,
 )
 from shoal.workers.llm import FinishReason, Result
+from shoal.workers.llm.tiny_checkpoint import write_tokenizer
 
 
 def _request(**inputs: Any) -> BackendRequest:
@@ -56,7 +62,8 @@ def test_end_id_minus_one_means_none() -> None:
 
 
 @pytest.mark.parametrize(("inputs", "named"), [
-    ({"input_ids": [[5], [6]], "request_output_len": [[4], [4]]}, "batch size must be 1"),
+    ({"input_ids": [[5], [6]], "request_output_len": [[4], [4]]}, "batch size 2 exceeds"),
+    ({"input_ids": 5, "request_output_len": [[4]]}, "'input_ids' needs a batch dimension"),
     ({"input_ids": [[5]]}, "request_output_len"),
     ({"request_output_len": [[4]]}, "input_ids"),
     ({"input_ids": [[5]], "request_output_len": [[4]], "max_tokens": [[4]]}, "max_tokens"),
@@ -93,3 +100,81 @@ def test_outputs_pad_beams_and_add_the_batch_dimension() -> None:
     assert outputs["cum_log_probs"].tolist() == [[-1.5, -0.5]]
     assert outputs["output_log_probs"].tolist() == [[[-0.5, -0.5, -0.5], [-0.5, 0.0, 0.0]]]
     assert text_output("é", batching=False)[0].array.tolist() == ["é".encode()]
+
+
+# ------------------------------------------------------------------ batches of several items
+
+
+def _batch(**inputs: Any) -> list[Any]:
+    return parse_requests(_request(**inputs), batching=True, tokenizer=None, eos_token_id=None,
+                          exclude_input=True, max_batch_size=4)
+
+
+def test_a_batch_splits_into_one_request_per_item() -> None:
+    items = _batch(input_ids=np.array([[5, 6, 7], [8, 0, 0], [9, 10, 0]], np.int32),
+                   input_lengths=np.array([[3], [1], [2]], np.int32),
+                   request_output_len=np.array([[4], [5], [6]], np.int32),
+                   end_id=np.array([[2], [-1], [3]], np.int32),
+                   streaming=np.array([[True], [True], [True]]))
+    requests = [item.request for item in items]
+    assert [r.input_token_ids for r in requests] == [[5, 6, 7], [8], [9, 10]]
+    assert [r.max_tokens for r in requests] == [4, 5, 6]
+    assert [r.end_id for r in requests] == [2, None, 3]
+    assert all(r.streaming for r in requests)
+
+
+@pytest.mark.parametrize(("inputs", "named"), [
+    # rows are padded to the longest: without input_lengths the padding would be prompt
+    ({"input_ids": [[5, 6], [7, 0]], "request_output_len": [[4], [4]]}, "'input_lengths'"),
+    # every input carries the batch (Triton's rule, as TensorRT-LLM slices every tensor)
+    ({"input_ids": [[5], [6]], "input_lengths": [[1], [1]], "request_output_len": [[4]]},
+     "'request_output_len': batch size 1 differs from input_ids's 2"),
+    ({"input_ids": [[5]] * 5, "input_lengths": [[1]] * 5, "request_output_len": [[4]] * 5},
+     "input 'input_ids': batch size 5 exceeds the model's max_batch_size 4"),
+    ({"input_ids": [[5], [6]], "input_lengths": [[1], [1]], "request_output_len": [[4], [0]],
+      "temperature": [[1.0], [float("nan")]]}, "batch item 1: input 'temperature'"),
+    ({"input_ids": [[5], [6]], "input_lengths": [[1], [2]], "request_output_len": [[4], [4]]},
+     "batch item 1: input 'input_lengths' = 2"),
+    ({"input_ids": [[5], [6]], "input_lengths": [[1], [1]], "request_output_len": [[4], [4]],
+      "streaming": [[True], [False]]}, "'streaming' must be the same for every batch item"),
+])
+def test_bad_batches_name_the_input(inputs: dict[str, Any], named: str) -> None:
+    with pytest.raises(ShoalError) as caught:
+        _batch(**inputs)
+    assert named in caught.value.message
+
+
+def test_a_text_batch_gives_one_prompt_per_row(tmp_path: pathlib.Path) -> None:
+    from tokenizers import Tokenizer
+
+    write_tokenizer(tmp_path, "byte_level", 512)
+    tokenizer = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    prompts = ["Hello", "one two", "Zürich"]
+    items = parse_requests(
+        _request(text_input=np.array([[p.encode()] for p in prompts], dtype=object),
+                 max_tokens=np.array([[3], [4], [5]], np.int32)),
+        batching=True, tokenizer=tokenizer, eos_token_id=2, exclude_input=True,
+        max_batch_size=8)
+    assert [i.request.input_token_ids for i in items] == [tokenizer.encode(p).ids
+                                                          for p in prompts]
+    assert [i.request.max_tokens for i in items] == [3, 4, 5]
+    assert all(i.text_form and i.request.end_id == 2 for i in items)
+
+
+def test_stacked_items_pad_with_each_items_pad_id() -> None:
+    first = Result(is_final=True, output_token_ids=[[4, 5, 6], [7]],
+                   finish_reasons=[FinishReason.LENGTH] * 2)
+    second = Result(is_final=True, output_token_ids=[[8]], finish_reasons=[FinishReason.END_ID])
+    items = [tensor_outputs(first, batching=False, pad_id=2),
+             tensor_outputs(second, batching=False, pad_id=0)]
+    outputs = {t.name: t.array for t in stack_items(items, [2, 0])}
+    assert outputs["output_ids"].tolist() == [[[4, 5, 6], [7, 2, 2]], [[8, 0, 0], [0, 0, 0]]]
+    assert outputs["sequence_length"].tolist() == [[3, 1], [1, 0]]  # a beam it lacks: 0
+    assert outputs["output_log_probs"].shape == (2, 2, 0)
+    texts = stack_items([text_output("a", batching=False), text_output("bc", batching=False)],
+                        [0, 0])
+    assert texts[0].array.tolist() == [[b"a"], [b"bc"]]
+    index = batch_index_output(range(3), batching=True)
+    assert (index.name, index.datatype, index.array.tolist()) == (
+        "batch_index", "INT32", [[0], [1], [2]])
+    assert batch_index_output([1], batching=True).array.shape == (1, 1)

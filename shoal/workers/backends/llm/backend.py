@@ -14,6 +14,16 @@ cancelled: the broker sends ``CancelExecuting``) for every open request each tur
 ``_PUMP_WAIT_S`` apart) and cancels the executor request, which frees its KV blocks at the
 start of the executor's next iteration; the request then ends without another response.
 
+Batches (``interface.py``): a request of N items becomes N executor requests, enqueued together
+(``Executor.enqueue_requests``) after every item passed ``check_request``; they share one
+``_Batch``, which counts the items still running. Streaming: each executor response goes out at
+once as that item's response (plus ``batch_index``), and only the last item's final result
+carries the final flag. Non-streaming: each item's final outputs wait in the ``_Batch`` until
+the last item ends; then one response stacks them all. Cancellation reaches every item (they
+share the worker's request id). An item that fails (an executor error or a response that cannot
+be built) sends its error at once and cancels the other items; the request then ends when the
+last of them has.
+
 Executor figures (requests, KV blocks, token counters, time to first token and between tokens)
 are kept by ``figures.LlmFigures`` and read by the worker's heartbeat through ``llm_stats``;
 frontend 0 renders them under TensorRT-LLM's backend names (``frontend/metrics/llm.py``).
@@ -42,6 +52,7 @@ from shoal.workers.backends.base import (
     BackendResponse,
     CancelProbe,
     InstanceContext,
+    OutputTensor,
     ResponseSink,
 )
 from shoal.workers.backends.llm.chat_template import ChatTemplate, load_chat_template
@@ -49,13 +60,17 @@ from shoal.workers.backends.llm.detokenize import IncrementalDetokenizer
 from shoal.workers.backends.llm.figures import LlmFigures, RequestClock
 from shoal.workers.backends.llm.guided import guided_decoding_config
 from shoal.workers.backends.llm.interface import (
+    BATCH_INDEX,
     COUNT_OUTPUTS,
     ParsedRequest,
     TextCounts,
+    batch_index_output,
     client_message,
-    parse_request,
+    parse_requests,
+    stack_items,
     tensor_outputs,
     text_output,
+    with_batch_dimension,
 )
 from shoal.workers.backends.llm.logits import (
     TokenLogprobs,
@@ -76,9 +91,26 @@ _PUMP_WAIT_S = 0.05  # longest wait of the pump between two looks at the cancell
 
 
 @dataclass
+class _Batch:
+    """The executor requests of one client request, one per batch item."""
+
+    size: int
+    streaming: bool
+    batch_index: bool  # responses carry batch_index
+    pending: int  # items whose final result has not arrived yet
+    pad_ids: list[int]
+    held: list[list[OutputTensor] | None]  # non-streaming, N > 1: each finished item's outputs
+    clocks: list[RequestClock | None]  # non-streaming, N > 1: counted when the answer leaves
+    failed: bool = False  # an item failed: its error was sent, the others were cancelled
+
+
+@dataclass
 class _OpenRequest:
     worker_id: int  # the worker's request id (send_response / is_cancelled)
     parsed: ParsedRequest
+    batch: _Batch
+    index: int = 0  # the item's place in its batch
+    executor_id: int = 0
     detokenizer: IncrementalDetokenizer | None = None
     cancelled: bool = False
     counted_outputs: tuple[str, ...] = ()  # of COUNT_OUTPUTS, those the client asked for
@@ -94,6 +126,8 @@ class LlmBackend:
         self._chat_template: ChatTemplate | None = None
         self._eos: int | None = None
         self._batching = False
+        self._max_batch_size = 0
+        self._declares_batch_index = False
         self._exclude_input = False
         self._send: ResponseSink | None = None
         self._is_cancelled: CancelProbe | None = None
@@ -134,6 +168,8 @@ class LlmBackend:
         self._chat_template = load_chat_template(settings.checkpoint_dir)
         self._eos = executor.model.spec.eos_token_id
         self._batching = config.max_batch_size > 0
+        self._max_batch_size = config.max_batch_size
+        self._declares_batch_index = any(o.name == BATCH_INDEX for o in config.output)
         self._exclude_input = settings.exclude_input_in_output
         self._send, self._is_cancelled = ctx.send_response, ctx.is_cancelled
         if ctx.stream_batch is not None:
@@ -158,34 +194,52 @@ class LlmBackend:
         executor = self._executor
         assert executor is not None, "execute() before load()"
         try:
-            parsed = parse_request(request, batching=self._batching, tokenizer=self._tokenizer,
+            items = parse_requests(request, batching=self._batching, tokenizer=self._tokenizer,
                                    eos_token_id=self._eos, exclude_input=self._exclude_input,
-                                   chat_template=self._chat_template)
+                                   chat_template=self._chat_template,
+                                   max_batch_size=self._max_batch_size)
         except ShoalError as exc:
             return Error(exc.code, exc.message)
-        if parsed.text_form and parsed.request.streaming and \
-                parsed.request.sampling_config.beam_width > 1:
-            return Error(ErrorCode.INVALID_ARG, "input 'beam_width' > 1 cannot stream text "
-                         "(beams change as the search goes); set stream false")
-        wants_logprobs = parsed.text_form and want_token_logprobs(parsed.request,
-                                                                  request.requested_outputs)
-        problem = executor.check_request(parsed.request)  # compiles a guided request's grammar
-        if problem is not None:
-            return Error(ErrorCode.INVALID_ARG, client_message(problem, parsed.field_names))
-        open_request = _OpenRequest(request.request_id, parsed, counted_outputs=tuple(
-            name for name in COUNT_OUTPUTS if name in request.requested_outputs))
-        if wants_logprobs:
-            open_request.logprobs = self._token_logprobs
-        if parsed.text_form and parsed.request.streaming:
-            assert self._tokenizer is not None
-            open_request.detokenizer = IncrementalDetokenizer(
-                self._tokenizer, parsed.request.input_token_ids)
-        parsed.request.client_id = request.request_id
+        several = len(items) > 1
+        counted = tuple(name for name in COUNT_OUTPUTS if name in request.requested_outputs)
+        batch = _Batch(len(items), items[0].request.streaming,
+                       BATCH_INDEX in request.requested_outputs or (
+                           not request.requested_outputs and several
+                           and self._declares_batch_index),
+                       len(items), [_pad(p, self._eos) for p in items], [None] * len(items),
+                       [None] * len(items))
+        opened: list[_OpenRequest] = []
+        for index, parsed in enumerate(items):
+            prefix = f"batch item {index}: " if several else ""
+            if parsed.text_form and parsed.request.streaming and \
+                    parsed.request.sampling_config.beam_width > 1:
+                return Error(ErrorCode.INVALID_ARG, f"{prefix}input 'beam_width' > 1 cannot "
+                             f"stream text (beams change as the search goes); set stream false")
+            wants_logprobs = parsed.text_form and want_token_logprobs(parsed.request,
+                                                                      request.requested_outputs)
+            problem = executor.check_request(parsed.request)  # compiles a guided grammar
+            if problem is not None:
+                return Error(ErrorCode.INVALID_ARG,
+                             prefix + client_message(problem, parsed.field_names))
+            open_request = _OpenRequest(request.request_id, parsed, batch, index,
+                                        counted_outputs=counted)
+            if wants_logprobs:
+                open_request.logprobs = self._token_logprobs
+            if parsed.text_form and parsed.request.streaming:
+                assert self._tokenizer is not None
+                open_request.detokenizer = IncrementalDetokenizer(
+                    self._tokenizer, parsed.request.input_token_ids)
+            parsed.request.client_id = request.request_id
+            opened.append(open_request)
         with self._lock:
-            executor_id = executor.enqueue_request(parsed.request)
-            self._open[executor_id] = open_request
-            if self._figures is not None:
-                open_request.clock = self._figures.accepted(len(parsed.request.input_token_ids))
+            executor_ids = executor.enqueue_requests([o.parsed.request for o in opened])
+            for executor_id, open_request in zip(executor_ids, opened, strict=True):
+                open_request.executor_id = executor_id
+                self._open[executor_id] = open_request
+                if self._figures is not None:
+                    open_request.clock = self._figures.accepted(
+                        len(open_request.parsed.request.input_token_ids))
+                    batch.clocks[open_request.index] = open_request.clock
         return None
 
     # ------------------------------------------------------------------ responses out
@@ -207,37 +261,102 @@ class LlmBackend:
 
     def _deliver(self, response: Response) -> None:
         """Send one executor response to its request (caller holds ``_lock``)."""
-        assert self._send is not None
         open_request = self._open.get(response.request_id)
         if open_request is None:
             return
+        batch = open_request.batch
         result = response.result
-        final = response.has_error() or (result is not None and result.is_final)
-        if final:
+        item_final = response.has_error() or (result is not None and result.is_final)
+        if item_final:
             del self._open[response.request_id]
-        answer: BackendResponse | Error | None
+            batch.pending -= 1
+        final = item_final and batch.pending == 0  # the client request's last response
         if response.has_error() or result is None:
-            answer = Error(ErrorCode.INTERNAL, response.error_msg or "no result")
-        elif open_request.cancelled:
-            answer = None  # the client is gone: only close the request
-        else:
+            self._fail(open_request, Error(ErrorCode.INTERNAL, response.error_msg or "no result"),
+                       final)
+            return
+        outputs: list[OutputTensor] | None = None
+        if not open_request.cancelled:
             if open_request.clock is not None:
                 open_request.clock.produce(open_request.parsed.request, result)
             try:
-                answer = self._answer(open_request, result, final)
+                outputs = self._answer(open_request, result, item_final)
             except Exception as exc:  # fail this request only; the executor stops it
                 logger.exception("llm backend: cannot build a response")
+                self._fail(open_request, Error(ErrorCode.INTERNAL,
+                                               f"cannot build the response: {exc}"), final)
+                return
+        if batch.streaming or batch.size == 1:
+            self._send_item(open_request, outputs, item_final, final)
+        else:  # non-streaming batch: hold the item until the last one ends
+            if item_final:
+                batch.held[open_request.index] = outputs
+            if final:
+                self._send_stacked(open_request)
+
+    def _send_item(self, open_request: _OpenRequest, outputs: list[OutputTensor] | None,
+                   item_final: bool, final: bool) -> None:
+        """One item's outputs as a response of its own (a batch dimension of 1, and
+        ``batch_index`` when the batch sends it); ``outputs`` None: a held-back text piece or a
+        cancelled item, which only closes the request when it is the last."""
+        answer: BackendResponse | None = None
+        if outputs is not None:
+            tensors = with_batch_dimension(outputs, self._batching)
+            if open_request.batch.batch_index:
+                tensors.append(batch_index_output([open_request.index],
+                                                  batching=self._batching))
+            answer = BackendResponse(tensors)
+        self._count_sent(open_request, answer, item_final)
+        if answer is not None or final:
+            self._send_quietly(open_request.worker_id, answer, final)
+
+    def _send_stacked(self, last: _OpenRequest) -> None:
+        """The final response of a non-streaming batch: every item's outputs stacked, or only
+        the final flag when an item failed or was cancelled."""
+        batch = last.batch
+        answer: BackendResponse | Error | None = None
+        items = [outputs for outputs in batch.held if outputs is not None]
+        if not batch.failed and len(items) == batch.size:
+            try:
+                tensors = stack_items(items, batch.pad_ids)
+                if batch.batch_index:
+                    tensors.append(batch_index_output(range(batch.size), batching=True))
+                answer = BackendResponse(tensors)
+            except Exception as exc:
+                logger.exception("llm backend: cannot build a response")
                 answer = Error(ErrorCode.INTERNAL, f"cannot build the response: {exc}")
-                if not final:
-                    assert self._executor is not None
-                    self._executor.cancel_request(response.request_id)
-                    open_request.cancelled = True  # its remaining responses only close it
-                    self._send_quietly(open_request.worker_id, answer, False)
-                    return
-            if answer is None and not final:
-                return  # a held-back partial character: nothing to send yet
-        self._count_sent(open_request, answer, final)
-        self._send_quietly(open_request.worker_id, answer, final)
+        if self._figures is not None:
+            for clock in batch.clocks:
+                if clock is not None:
+                    if isinstance(answer, BackendResponse):
+                        self._figures.tokens_sent(clock)
+                    self._figures.finished(clock)
+        self._send_quietly(last.worker_id, answer, True)
+
+    def _fail(self, open_request: _OpenRequest, error: Error, final: bool) -> None:
+        """An item failed (its final result, or a response that cannot be built): send
+        ``error``, once per request, and cancel the batch's other items (and this one when it
+        still runs); their remaining responses only close the request."""
+        batch = open_request.batch
+        open_request.cancelled = True
+        if self._figures is not None:  # this item ended; with the request's end, all have
+            for clock in batch.clocks if final else [open_request.clock]:
+                if clock is not None:
+                    self._figures.finished(clock)
+        executor = self._executor
+        assert executor is not None
+        if open_request.executor_id in self._open:
+            executor.cancel_request(open_request.executor_id)
+        if batch.failed:  # the request already has its error
+            if final:
+                self._send_quietly(open_request.worker_id, None, True)
+            return
+        batch.failed = True
+        for executor_id, other in self._open.items():
+            if other.batch is batch and not other.cancelled:
+                other.cancelled = True
+                executor.cancel_request(executor_id)
+        self._send_quietly(open_request.worker_id, error, final)
 
     def _count_sent(self, open_request: _OpenRequest, answer: BackendResponse | Error | None,
                     final: bool) -> None:
@@ -263,12 +382,13 @@ class LlmBackend:
             logger.debug("llm backend: response dropped: %s", exc.message)
 
     def _answer(self, open_request: _OpenRequest, result: Result,
-                final: bool) -> BackendResponse | None:
-        """The response for ``result``; None when a streamed text piece is held back."""
+                final: bool) -> list[OutputTensor] | None:
+        """The item's outputs for ``result`` (no batch dimension); None when a streamed text
+        piece is held back."""
         parsed = open_request.parsed
         if not parsed.text_form:
-            return BackendResponse(tensor_outputs(result, batching=self._batching,
-                                                  pad_id=_pad(parsed, self._eos)))
+            return tensor_outputs(result, batching=False,
+                                  pad_id=open_request.batch.pad_ids[open_request.index])
         beams = result.output_token_ids
         tokens = beams[0] if beams else []
         request = parsed.request
@@ -287,17 +407,17 @@ class LlmBackend:
             assert self._tokenizer is not None
             text = self._tokenizer.decode(tokens, skip_special_tokens=True)
         if not open_request.counted_outputs:
-            outputs = text_output(text, batching=self._batching)
+            outputs = text_output(text, batching=False)
         else:
             reason = (result.finish_reasons[0] if final and result.finish_reasons
                       else FinishReason.NOT_FINISHED)
             counts = TextCounts(len(request.input_token_ids),
                                 open_request.generated + (reason is FinishReason.END_ID), reason)
-            outputs = text_output(text, batching=self._batching, counts=counts,
+            outputs = text_output(text, batching=False, counts=counts,
                                   requested=open_request.counted_outputs)
         if open_request.logprobs is not None:
-            outputs.append(open_request.logprobs.output(result, batching=self._batching))
-        return BackendResponse(outputs)
+            outputs.append(open_request.logprobs.output(result, batching=False))
+        return outputs
 
     def _forward_cancels(self, executor: Executor) -> None:
         assert self._is_cancelled is not None
