@@ -172,3 +172,30 @@ def test_chunked_context_and_prefix_reuse_equal_hf(swa_dir: pathlib.Path,
               (first[2][0][:44] + prompt_of(41, 2), 10)]
     check_greedy(executor, swa_dir, reused)
     assert executor.get_latest_iteration_stats()[-1].kv_cache_stats.reused_blocks >= 5
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_greedy_on_cuda_equals_hf_on_cuda(swa_dir: pathlib.Path,
+                                          make_executor: MakeExecutor) -> None:
+    """The windowed masks on the device (float32, chunked context, reused prefixes) against
+    Hugging Face run on the same device."""
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(swa_dir).to("cuda")  # not the shared CPU copy
+    config = ExecutorConfig(device="cuda:0", max_batch_size=4, max_num_tokens=12,
+                            enable_chunked_context=True,
+                            kv_cache_config=KvCacheConfig(tokens_per_block=BLOCK))
+    executor = make_executor(swa_dir, config)
+    assert executor.kv.storage.device.type == "cuda"
+    prompts = [prompt_of(50 + i, n) for i, n in enumerate(LENGTHS)]
+    prompts.append(prompts[-1][:36] + prompt_of(60, 7))  # shares 9 blocks with the last
+    ids = executor.enqueue_requests([Request(p, 2 * WINDOW) for p in prompts])
+    got = collect(executor, ids, timeout=120)
+    for request_id, prompt in zip(ids, prompts, strict=True):
+        final = got[request_id][-1]
+        assert not final.has_error(), final.error_msg
+        assert final.result is not None
+        with torch.inference_mode():
+            out = hf.generate(torch.tensor([prompt], device="cuda"), max_new_tokens=2 * WINDOW,
+                              do_sample=False, pad_token_id=0, eos_token_id=None)
+        assert final.result.output_token_ids == [out[0].tolist()], len(prompt)
