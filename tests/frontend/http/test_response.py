@@ -58,6 +58,20 @@ def test_non_finite_floats_are_written_like_triton() -> None:
     assert text == b'{"data":[NaN,Infinity,-Infinity,1.0]}'
 
 
+@pytest.mark.parametrize(("datatype", "values", "expected"), [
+    ("FP32", [3e38, -3e38, 1.0], b"[3e+38,-3e+38,1.0]"),
+    ("FP64", [1e200, -1e200], b"[1e+200,-1e+200]"),
+    ("FP32", [3e38, np.nan], b"[3.0000000054977558e+38,NaN]"),
+    ("FP64", [1.0, -np.inf], b"[1.0,-Infinity]"),
+    ("FP32", [], b"[]"),
+])
+def test_finite_check_of_json_floats(datatype: str, values: list[float], expected: bytes) -> None:
+    raw = np.array(values, np.float32 if datatype == "FP32" else np.float64).tobytes()
+    text = orjson.dumps(json_data("O", datatype, [len(values)], raw),
+                        option=orjson.OPT_SERIALIZE_NUMPY)
+    assert text == expected
+
+
 def test_output_size_that_does_not_match_the_shape_is_internal() -> None:
     with pytest.raises(ShoalError) as info:
         json_data("O", "INT32", [3], b"\0" * 8)
