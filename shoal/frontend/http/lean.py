@@ -63,6 +63,7 @@ BODY_SLOT_MIN_BYTES: Final = 1 << 20  # smaller bodies are read into memory and 
 DRAIN_POLL_S: Final = 0.001
 CONTINUE: Final = b"HTTP/1.1 100 Continue\r\n\r\n"
 _HEADER_LENGTH_BYTES: Final = HEADER_LENGTH.encode()
+ROUTE_CACHE_SIZE: Final = 256  # URLs whose ``infer_route`` a LeanInfer remembers
 
 
 def infer_route(method: bytes, url: bytes) -> tuple[str, str | None] | None:
@@ -96,6 +97,8 @@ class LeanInfer:
         self.tracer = tracer
         self._defaults: list[tuple[bytes, bytes]] | None = None
         self._ok_head = b""
+        # ``infer_route`` of recent POST URLs (a few per model in practice); cleared when full
+        self._routes: dict[bytes, tuple[str, str | None] | None] = {}
 
     def ok_head(self, defaults: list[tuple[bytes, bytes]]) -> bytes:
         """``HTTP/1.1 200 OK`` and uvicorn's default headers (date, server), pre-encoded; uvicorn
@@ -105,10 +108,26 @@ class LeanInfer:
             self._defaults = defaults
         return self._ok_head
 
+    def route(self, method: bytes, url: bytes) -> tuple[str, str | None] | None:
+        """``infer_route``, remembered per URL: a repeated infer URL costs one dict lookup
+        instead of a URL parse and a regex match."""
+        if method != b"POST" or b"/infer" not in url:
+            return None
+        routes = self._routes
+        try:
+            return routes[url]
+        except KeyError:
+            pass
+        route = infer_route(method, url)
+        if len(routes) >= ROUTE_CACHE_SIZE:
+            routes.clear()
+        routes[url] = route
+        return route
+
     def begin(self, protocol: GuardedHttpProtocol) -> LeanInferCycle | None:
         """Called from the protocol's ``on_headers_complete``: a started (or queued, when
         pipelined) cycle for an infer request; None for any other request."""
-        route = infer_route(protocol.parser.get_method(), protocol.url)
+        route = self.route(protocol.parser.get_method(), protocol.url)
         if route is None:
             return None
         http_version = protocol.parser.get_http_version()

@@ -21,7 +21,7 @@ import uvloop
 from shoal.frontend.http.app import create_asgi_app
 from shoal.frontend.http.fastpath import InferFastPath
 from shoal.frontend.http.guard import HttpLimits, guarded_protocol
-from shoal.frontend.http.lean import BODY_SLOT_MIN_BYTES, infer_route
+from shoal.frontend.http.lean import BODY_SLOT_MIN_BYTES, ROUTE_CACHE_SIZE, LeanInfer, infer_route
 from shoal.messages import TensorSpec
 from shoal.settings import Settings
 from tests.frontend.http.fakes import FakeDataPlane, make_model
@@ -151,6 +151,20 @@ def test_infer_route_matching() -> None:
     assert infer_route(b"GET", b"/v2/models/m/infer") is None
     assert infer_route(b"POST", b"/v2/models/m/versions/x/infer") is None
     assert infer_route(b"POST", b"/v2/models/m/inference") is None
+
+
+def test_the_route_cache_answers_as_infer_route_and_stays_bounded() -> None:
+    lean = LeanInfer(handler=Any, dataplane=Any, max_body=0, gate=None, tracer=None)
+    cases = [(b"POST", b"/v2/models/m/infer"), (b"POST", b"/v2/models/m/versions/3/infer?q=1"),
+             (b"POST", b"/v2/models/a%2Fb/infer"), (b"GET", b"/v2/models/m/infer"),
+             (b"POST", b"/v2/models/m/versions/x/infer"), (b"POST", b"/v2/models/m%20x/infer"),
+             (b"POST", b"/v2/health/ready")]
+    for _ in range(2):  # the second time from the cache
+        for method, url in cases:
+            assert lean.route(method, url) == infer_route(method, url), url
+    for index in range(3 * ROUTE_CACHE_SIZE):
+        assert lean.route(b"POST", f"/v2/models/m{index}/infer".encode()) == (f"m{index}", None)
+        assert len(lean._routes) <= ROUTE_CACHE_SIZE
 
 
 def test_a_large_binary_answer_is_exact_and_every_lease_goes_back(served: Served) -> None:
