@@ -112,3 +112,21 @@ def _try_infer(server: ShoalServer, array: np.ndarray) -> bool:
         return bool(np.array_equal(_infer(server, array), array))
     except Exception:
         return False
+
+
+def test_the_next_start_sweeps_the_kept_segments_of_a_killed_server(
+        tmp_path: pathlib.Path, fresh_server_factory: list[ShoalServer]) -> None:
+    identity_all_model(tmp_path)
+    args = [f"--shm-segment-byte-size={SEGMENT}"]
+    first = ShoalServer([str(tmp_path)], args).start()
+    fresh_server_factory.append(first)
+    array = _array(7, 1 << 20)
+    np.testing.assert_array_equal(_infer(first, array), array)
+    kept = {n for n in _segments(first, "") if os.stat("/dev/shm/" + n).st_size > SEGMENT}
+    assert any("-fe" in n for n in kept) and any("-w" in n for n in kept), kept
+    first.kill_tree()
+    assert kept <= shoal_segments(), "SIGKILL leaves the dead server's kept segments"
+    second = ShoalServer([str(tmp_path)], args).start()
+    fresh_server_factory.append(second)
+    assert not kept & shoal_segments(), "the next start's sweep removed them"
+    assert second.stop() == 0
