@@ -229,6 +229,13 @@ class Arena:
                 # a stale object of a dead process with a recycled pid; leave it to the sweep
                 logger.warning("shared-memory segment %s already exists; skipping its name", name)
             except OSError as exc:
+                if self._kept:  # /dev/shm itself is full: give back what this arena keeps
+                    logger.warning("cannot create shared-memory segment %s of %d bytes (%s); "
+                                   "dropping %d kept bytes and trying again", name, size, exc,
+                                   self._kept_total)
+                    while self._kept:
+                        self._drop_kept(self._kept[0])
+                    continue
                 logger.error("cannot create shared-memory segment %s of %d bytes: %s",
                              name, size, exc)
                 raise ShoalError(

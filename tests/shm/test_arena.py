@@ -224,3 +224,26 @@ def test_exhausted_dev_shm_is_unavailable_not_a_crash(
     assert info.value.code == ErrorCode.UNAVAILABLE
     assert "/shoal" not in info.value.message
     assert arena.segment_names == [] and arena.reserved_bytes == 0
+
+
+def test_a_full_dev_shm_takes_back_the_kept_segments_first(
+    shm_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    arena = Arena(shm_prefix + "full-", SEGMENT, 64 * SEGMENT)
+    kept = arena.allocate(4 * SEGMENT)
+    arena.free(kept)
+    assert arena.kept_bytes == 4 * SEGMENT
+    create = Segment.create
+    calls: list[str] = []
+
+    def full_while_kept(name: str, size: int) -> Segment:
+        calls.append(name)
+        if _exists(kept.region):
+            raise OSError(28, "No space left on device")
+        return create(name, size)
+
+    monkeypatch.setattr(Segment, "create", staticmethod(full_while_kept))
+    slot = arena.allocate(2 * SEGMENT)  # fails once, gives the kept segment back, succeeds
+    assert len(calls) == 2 and not _exists(kept.region) and arena.kept_bytes == 0
+    arena.free(slot)
+    arena.close()
