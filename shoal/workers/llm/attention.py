@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from shoal.workers.llm.kv_cache import BlockManager
+from shoal.workers.llm.window import windowed_prefill_attention
 
 
 @dataclass(frozen=True)
@@ -121,8 +122,9 @@ class AttentionBatch:
     decode_positions: torch.Tensor | None = None  # [Bd] position of each decode row's token
     decode_refresh: torch.Tensor | None = None  # rows of decode_copy to gather again (or None)
     decode_lengths: tuple[int, ...] = ()  # keys each decode row attends to: its position + 1
-    # one per prefill span when ``window.py`` cut one: an additive [1, 1, n, n] mask in the
-    # model's dtype (causal and windowed) for the span, or None (plain causal); () when none
+    # one per prefill span when ``window.py`` cut one: the window's tile mask (additive
+    # [1, 1, W, 2W - 1], ``window.tile_mask``) for a span longer than the window W, else None
+    # (plain causal); () when no span is cut
     prefill_masks: tuple[torch.Tensor | None, ...] = ()
 
 
@@ -215,8 +217,11 @@ def paged_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         k = key[start:end].transpose(0, 1)[None]
         v = value[start:end].transpose(0, 1)[None]
         mask = batch.prefill_masks[index] if batch.prefill_masks else None
-        attended = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
-                                                  scale=scale, enable_gqa=gqa)
+        if mask is None:
+            attended = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale,
+                                                      enable_gqa=gqa)
+        else:
+            attended = windowed_prefill_attention(q, k, v, mask, scale, gqa)
         out[start:end] = attended[0].transpose(0, 1)
     if batch.decode_rows.numel():
         q = query[batch.decode_rows][:, :, None, :]  # [Bd, H, 1, D]

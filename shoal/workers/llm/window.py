@@ -8,7 +8,9 @@ value; a window only narrows what each query sees:
 
 - decode rows: ``decode_mask`` gains -inf for keys below the window (the kernel reads the
   additive mask as it is; it becomes non-None as soon as a window cuts some row);
-- prefill spans: an explicit additive causal-and-window mask replaces ``is_causal``;
+- prefill spans longer than the window: attended in tiles of ``window`` queries, each over the
+  keys of its window (``windowed_prefill_attention``), with one additive [W, 2W - 1] mask shared
+  by every tile, so memory and work grow with n * W, not n * n;
 - extend spans: their boolean mask loses the keys below the window.
 
 Nothing is built when the window cuts nothing (every query's position < window): the layer then
@@ -18,11 +20,15 @@ gets the very same ``AttentionBatch`` and runs exactly as without a window.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
+import torch.nn.functional as F
 
-from shoal.workers.llm.attention import AttentionBatch, ExtendSpan
+if TYPE_CHECKING:  # attention.py imports this module for windowed_prefill_attention
+    from shoal.workers.llm.attention import AttentionBatch, ExtendSpan
 
 
 def layer_batches(batch: AttentionBatch, windows: Sequence[int | None],
@@ -47,7 +53,8 @@ def windowed(batch: AttentionBatch, window: int, dtype: torch.dtype) -> Attentio
     """``batch`` with every query limited to the keys of its ``window`` latest positions;
     ``batch`` itself when no query of it is at a position >= ``window``."""
     decode_mask = _decode_mask(batch, window, dtype)
-    prefill_masks = tuple(_prefill_mask(end - start, window, dtype, batch.slot_mapping.device)
+    device = batch.slot_mapping.device
+    prefill_masks = tuple(tile_mask(window, dtype, device) if end - start > window else None
                           for start, end in batch.prefill_spans)
     extend = [_extend_span(span, window) for span in batch.extend_spans]
     prefill_cut = any(mask is not None for mask in prefill_masks)
@@ -73,17 +80,35 @@ def _decode_mask(batch: AttentionBatch, window: int,
         hidden, float("-inf"))[:, None, None, :]
 
 
-def _prefill_mask(length: int, window: int, dtype: torch.dtype,
-                  device: torch.device) -> torch.Tensor | None:
-    """Additive [1, 1, length, length] causal mask of a span of positions [0, length) limited
-    to the window; None (plain causal) when the span is no longer than the window."""
-    if length <= window:
-        return None
-    positions = torch.arange(length, device=device)
-    offset = positions[:, None] - positions[None, :]  # query position - key position
-    hidden = (offset < 0) | (offset >= window)
+@functools.lru_cache(maxsize=8)
+def tile_mask(window: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Additive [1, 1, W, 2W - 1] mask of a tile of W = ``window`` queries at positions
+    [a, a + W) over the keys of positions [a - W + 1, a + W): query t sees key j iff
+    t <= j <= t + W - 1 (causal, and within the window). Kept between iterations (read only)."""
+    queries = torch.arange(window, device=device)[:, None]
+    keys = torch.arange(2 * window - 1, device=device)[None, :]
+    hidden = (keys < queries) | (keys > queries + window - 1)
     return torch.zeros(hidden.shape, dtype=dtype, device=device).masked_fill_(
         hidden, float("-inf"))[None, None]
+
+
+def windowed_prefill_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                               mask: torch.Tensor, scale: float, gqa: bool) -> torch.Tensor:
+    """Causal attention of a span of positions [0, n) limited to the window W of ``mask``
+    (``tile_mask``): query [1, H, n, D], key/value [1, Hkv, n, D]; returns [1, H, n, D]. Tiles
+    of W queries each attend to their 2W - 1 latest keys (fewer at the span's start)."""
+    window = mask.shape[-2]
+    length = query.shape[2]
+    out = query.new_empty(query.shape)
+    for first in range(0, length, window):
+        last = min(first + window, length)
+        lowest = max(0, first - window + 1)  # the tile's first visible key
+        offset = lowest - (first - window + 1)  # mask column of that key
+        tile = mask[..., :last - first, offset:offset + last - lowest]
+        out[:, :, first:last] = F.scaled_dot_product_attention(
+            query[:, :, first:last], key[:, :, lowest:last], value[:, :, lowest:last],
+            attn_mask=tile, scale=scale, enable_gqa=gqa)
+    return out
 
 
 def _extend_span(span: ExtendSpan, window: int) -> ExtendSpan:

@@ -69,9 +69,10 @@ def test_masks_equal_hf_sliding_window_mask() -> None:
     heads, kv_heads, dim = 4, 2, 8
     blocks = BlockManager(64, BLOCK)
     layer_cache = torch.zeros(2, 64 * BLOCK, kv_heads, dim)
-    # (cached, new): prefills of 5 and 13, decode rows at positions 3, 8 and 19, extends
-    # of positions [6, 9) and [10, 22)
-    shapes = [(0, 5), (0, 13), (3, 1), (8, 1), (19, 1), (6, 3), (10, 12)]
+    # (cached, new): prefills of 5, 8, 13, 16 and 25 (0 to 4 window tiles, the last one whole
+    # or not), decode rows at positions 3, 8 and 19, extends of positions [6, 9) and [10, 22)
+    shapes = [(0, 5), (0, 8), (0, 13), (0, 16), (0, 25), (3, 1), (8, 1), (19, 1), (6, 3),
+              (10, 12)]
     full = []
     spans = []
     start = 0
@@ -89,7 +90,8 @@ def test_masks_equal_hf_sliding_window_mask() -> None:
         full.append((q, k, v, cached))
         start += new
     batch = windowed(build_attention_batch(spans, blocks, "cpu"), WINDOW, torch.float32)
-    assert batch.decode_mask is not None and batch.prefill_masks[0] is None
+    assert batch.decode_mask is not None
+    assert [m is None for m in batch.prefill_masks] == [True, True, False, False, False]
     query, key, value = (torch.cat([tensors[i][tensors[3]:] for tensors in full])
                          for i in range(3))
     out = paged_attention(query, key, value, layer_cache, batch, scale=0.3)
