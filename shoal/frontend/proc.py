@@ -51,6 +51,11 @@ logger = logging.getLogger(__name__)
 
 GRPC_STOP_GRACE_S: Final = 1.0  # after the drain: calls still open (idle streams) then end
 METRICS_OVER_CAP: Final = 8  # metrics-port connections past its cap answered 503 at once
+# Young-generation collection threshold (Python's default: 700). The requests in flight hold
+# ~15 tracked objects each: at c=64 the live young objects hover around 700, so the default
+# collected every few requests (1135 collections, 0.24 s CPU in a 6 s JSON c=64 run, ~8 us a
+# request); at 10 000 only real garbage triggers one (10 collections, 0.03 s).
+GC_YOUNG_THRESHOLD: Final = 10_000
 
 
 class _Server(uvicorn.Server):
@@ -162,6 +167,7 @@ async def serve_frontend(settings: Settings, index: int = 0) -> None:
 
     gc.collect()
     gc.freeze()  # start-up objects never die: keep them out of every later collection
+    gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
     loop = asyncio.get_running_loop()
     drain_task: list[asyncio.Task[None]] = []
     ignore_group_signals()
