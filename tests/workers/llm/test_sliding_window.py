@@ -14,13 +14,20 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from shoal.workers.llm import Executor, ExecutorConfig, KvCacheConfig, Request
+from shoal.workers.llm import (
+    Executor,
+    ExecutorConfig,
+    KvCacheConfig,
+    OutputConfig,
+    Request,
+    SamplingConfig,
+)
 from shoal.workers.llm.attention import SequenceSpan, build_attention_batch, paged_attention
 from shoal.workers.llm.checkpoint import read_model_spec
 from shoal.workers.llm.kv_cache import BlockManager
 from shoal.workers.llm.models import load_model
 from shoal.workers.llm.window import layer_batches, windowed
-from tests.workers.llm.conftest import collect, hf_greedy, hf_model
+from tests.workers.llm.conftest import collect, hf_beams, hf_greedy, hf_model
 from tests.workers.llm.families import VOCAB, build
 from tests.workers.llm.test_checkpoint import run_prefill_then_decode
 
@@ -174,6 +181,26 @@ def test_chunked_context_and_prefix_reuse_equal_hf(swa_dir: pathlib.Path,
               (first[2][0][:44] + prompt_of(41, 2), 10)]
     check_greedy(executor, swa_dir, reused)
     assert executor.get_latest_iteration_stats()[-1].kv_cache_stats.reused_blocks >= 5
+
+
+def test_beam_search_equals_hf(swa_dir: pathlib.Path, make_executor: MakeExecutor) -> None:
+    """Beams fork and copy blocks past the window; each beam equals HF's."""
+    cases = [(prompt_of(70, 6), 3), (prompt_of(71, 2 * WINDOW + 1), 2)]
+    executor = make_executor(swa_dir, ExecutorConfig(
+        max_beam_width=3, max_batch_size=2,
+        kv_cache_config=KvCacheConfig(tokens_per_block=BLOCK)))
+    ids = executor.enqueue_requests([
+        Request(prompt, 2 * WINDOW, sampling_config=SamplingConfig(
+            width, length_penalty=1.0, num_return_sequences=width),
+            output_config=OutputConfig(exclude_input_from_output=True))
+        for prompt, width in cases])
+    got = collect(executor, ids, timeout=120)
+    for request_id, (prompt, width) in zip(ids, cases, strict=True):
+        result = got[request_id][-1].result
+        assert result is not None
+        assert result.output_token_ids == hf_beams(
+            swa_dir, prompt, 2 * WINDOW, beams=width, returned=width, length_penalty=1.0,
+            early_stopping=1, end_id=None), width
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
