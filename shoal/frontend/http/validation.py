@@ -50,7 +50,8 @@ class OutputPlan:
 @dataclass(frozen=True, slots=True)
 class InferPlan:
     """The validated request: batch size (1 for non-batching models) and the outputs to return.
-    ``explicit_outputs`` is False when the request named none (then every output returns)."""
+    ``explicit_outputs`` is False when the request named none (then every output returns, and
+    ``outputs`` is shared by such requests of the model: read it, never change it)."""
 
     batch_size: int
     outputs: list[OutputPlan]
@@ -64,13 +65,53 @@ class InferPlan:
         return None
 
 
+class _ModelFacts:
+    """What validation looks up in a model's metadata, built once per ModelVersionInfo (the
+    broker replaces the object when the model changes). ``default_outputs``: the checked plans
+    of a request that names no output, per ``binary_output_default``; ``named_outputs``: the
+    checked plan of an output named with no parameter but ``binary_data``, per (name, binary).
+    Both are shared by the requests that match (plans are never mutated)."""
+
+    __slots__ = ("all_required", "default_outputs", "input_names", "input_specs", "model",
+                 "named_outputs", "output_specs")
+
+    def __init__(self, model: ModelVersionInfo) -> None:
+        self.model = model
+        self.input_specs = {spec.name: spec for spec in model.inputs}
+        self.output_specs = {spec.name: spec for spec in model.outputs}
+        self.input_names = frozenset(self.input_specs)
+        self.all_required = len(self.input_names) == len(model.inputs) and not any(
+            spec.optional for spec in model.inputs)
+        self.default_outputs: dict[bool, list[OutputPlan]] = {}
+        self.named_outputs: dict[tuple[str, bool], OutputPlan] = {}
+
+
+_FACTS: dict[int, _ModelFacts] = {}  # id(model) -> facts; the entry holds the model alive
+_FACTS_LIMIT: Final = 256  # cleared when full (models are few; snapshots replace them)
+
+
+def _facts(model: ModelVersionInfo) -> _ModelFacts:
+    facts = _FACTS.get(id(model))
+    if facts is None or facts.model is not model:
+        if len(_FACTS) >= _FACTS_LIMIT:
+            _FACTS.clear()
+        facts = _FACTS[id(model)] = _ModelFacts(model)
+    return facts
+
+
 def validate_request(request: DecodedRequest, model: ModelVersionInfo) -> InferPlan:
     """Raises INVALID_ARG on the first problem found."""
-    outputs = plan_outputs(request, model)
-    check_input_names(request.inputs, model)
-    batch_size = batch_size_of(request.inputs, model)
-    specs = {spec.name: spec for spec in model.inputs}
-    for tensor in request.inputs:
+    facts = _facts(model)
+    outputs = _plan_outputs(request, model, facts)
+    inputs = request.inputs
+    # the usual request: every input of the model once, nothing else (else the full checks,
+    # which name the problem)
+    if not (facts.all_required and len(inputs) == len(facts.input_names)
+            and {tensor.name for tensor in inputs} == facts.input_names):
+        check_input_names(inputs, model)
+    batch_size = batch_size_of(inputs, model)
+    specs = facts.input_specs
+    for tensor in inputs:
         spec = specs[tensor.name]
         check_datatype(tensor, spec, model.name)
         check_shape(tensor, spec, model)
@@ -79,11 +120,21 @@ def validate_request(request: DecodedRequest, model: ModelVersionInfo) -> InferP
 
 
 def plan_outputs(request: DecodedRequest, model: ModelVersionInfo) -> list[OutputPlan]:
-    specs = {spec.name: spec for spec in model.outputs}
+    return _plan_outputs(request, model, _facts(model))
+
+
+def _plan_outputs(request: DecodedRequest, model: ModelVersionInfo,
+                  facts: _ModelFacts) -> list[OutputPlan]:
+    specs = facts.output_specs
     default = request.binary_output_default
     if not request.outputs:
-        return [_checked_output(OutputPlan(s.name, s.datatype, default)) for s in model.outputs]
-    plans: list[OutputPlan] = []
+        plans = facts.default_outputs.get(default)
+        if plans is None:  # not kept when a check refuses: it refuses every time
+            plans = [_checked_output(OutputPlan(s.name, s.datatype, default))
+                     for s in model.outputs]
+            facts.default_outputs[default] = plans
+        return plans
+    plans = []
     seen: set[str] = set()
     for wanted in request.outputs:
         if wanted.name in seen:
@@ -95,9 +146,17 @@ def plan_outputs(request: DecodedRequest, model: ModelVersionInfo) -> list[Outpu
                 f"unexpected inference output '{wanted.name}' for model '{model.name}'"
             )
         binary = default if wanted.binary is None else wanted.binary
-        plan = OutputPlan(spec.name, spec.datatype, binary, wanted.classification,
-                          dict(wanted.parameters), wanted.shm)
-        plans.append(_checked_output(plan))
+        if wanted.parameters or wanted.shm is not None or wanted.classification:
+            plan = _checked_output(OutputPlan(spec.name, spec.datatype, binary,
+                                              wanted.classification, dict(wanted.parameters),
+                                              wanted.shm))
+        else:  # a plain named output: one plan per (name, binary), kept once it passed
+            named = facts.named_outputs.get((spec.name, binary))
+            if named is None:
+                named = _checked_output(OutputPlan(spec.name, spec.datatype, binary))
+                facts.named_outputs[spec.name, binary] = named
+            plan = named
+        plans.append(plan)
     return plans
 
 
@@ -196,6 +255,8 @@ def check_datatype(tensor: DecodedInput, spec: TensorSpec, model_name: str) -> N
 def check_shape(tensor: DecodedInput, spec: TensorSpec, model: ModelVersionInfo) -> None:
     batching = model.max_batch_size > 0
     dims = tensor.shape[1:] if batching else tensor.shape
+    if dims == spec.dims:
+        return  # the usual case, in one list comparison
     matches = len(dims) == len(spec.dims) and all(
         want == -1 or want == got for want, got in zip(spec.dims, dims, strict=True)
     )

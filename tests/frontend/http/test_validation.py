@@ -215,3 +215,61 @@ def test_classification_of_bytes_output_is_refused() -> None:
         [OutputRequest("OUTPUT0", classification=1)])
     assert "class result not available for output 'OUTPUT0' due to unsupported type 'BYTES'" \
         in error_of(request, STRINGS)
+
+
+# ---------------------------------------------------------------- per-model facts (kept)
+
+
+def test_repeated_requests_meet_the_same_checks_as_the_first() -> None:
+    """Validation keeps per-model facts and plans: the second request of each kind is judged
+    (and refused) exactly as the first."""
+    good = DecodedRequest([tensor(f"INPUT{i}", "FP32", [4]) for i in range(3)])
+    duplicate = DecodedRequest([tensor("INPUT0", "FP32", [4]), tensor("INPUT0", "FP32", [4]),
+                                tensor("INPUT1", "FP32", [4])])
+    wrong_shape = DecodedRequest([tensor(f"INPUT{i}", "FP32", [4 + i]) for i in range(3)])
+    for _ in range(2):
+        assert [o.name for o in validate_request(good, THREE).outputs] == \
+            ["OUTPUT0", "OUTPUT1", "OUTPUT2"]
+        assert error_of(duplicate, THREE) == \
+            "input 'INPUT0' is given more than once for model 'input_all_required'"
+        assert error_of(wrong_shape, THREE).startswith(
+            "unexpected shape for input 'INPUT1' for model 'input_all_required'. Expected [4], "
+            "got [5]. ")
+        assert "sending FP16 data via JSON is not supported" in \
+            error_of(DecodedRequest([tensor("X", "FP16", [2])]), HALF)
+
+
+def test_every_input_named_once_with_an_unknown_one_is_still_refused() -> None:
+    request = DecodedRequest([tensor("INPUT0", "FP32", [4]), tensor("INPUT1", "FP32", [4]),
+                              tensor("OTHER", "FP32", [4])])
+    assert error_of(request, THREE) == \
+        "unexpected inference input 'OTHER' for model 'input_all_required'"
+
+
+def test_a_model_replaced_under_the_same_name_is_validated_against_its_new_metadata() -> None:
+    old = make_model("swap", [TensorSpec("A", "FP32", [4])])
+    new = make_model("swap", [TensorSpec("B", "FP32", [4])])
+    assert validate_request(DecodedRequest([tensor("A", "FP32", [4])]), old).outputs[0].name == \
+        "OUTPUT0"
+    assert error_of(DecodedRequest([tensor("A", "FP32", [4])]), new) == \
+        "unexpected inference input 'A' for model 'swap'"
+
+
+def test_named_output_plans_follow_binary_data_and_the_default() -> None:
+    for binary_default in (False, True, False):
+        plan = validate_request(_request_with_outputs(
+            OutputRequest("OUTPUT0"), OutputRequest("OUTPUT1", binary=True),
+            OutputRequest("OUTPUT2", binary=False), binary_default=binary_default), THREE)
+        assert [(o.name, o.binary) for o in plan.outputs] == \
+            [("OUTPUT0", binary_default), ("OUTPUT1", True), ("OUTPUT2", False)]
+    request = DecodedRequest([tensor("X", "FP16", [2])], [OutputRequest("OUTPUT0")])
+    for _ in range(2):
+        assert "sending FP16 data via JSON is not supported" in error_of(request, HALF)
+
+
+def test_an_output_with_parameters_keeps_its_own_plan() -> None:
+    request = _request_with_outputs(OutputRequest("OUTPUT0", binary=True, parameters={"k": 1}))
+    plan = validate_request(request, THREE)
+    assert plan.outputs[0].parameters == {"k": 1}
+    assert validate_request(_request_with_outputs(OutputRequest("OUTPUT0", binary=True)),
+                            THREE).outputs[0].parameters == {}
