@@ -61,8 +61,6 @@ def prepare_request(
     REQUEST_START (the request is ready to leave). ``body``: the request body lies in this
     slot (the caller's until now; from the call on it is one of the request's slots)."""
     request_id = dataplane.next_request_id()
-    uses_shm = any(t.shm is not None for t in decoded.inputs) or any(
-        o.shm is not None for o in plan.outputs)
     slots: list[Slot] = [] if body is None else [body.slot]
     try:
         refs = _place_inputs(dataplane, decoded.inputs, request_id, slots, body)
@@ -70,7 +68,8 @@ def prepare_request(
     except BaseException:
         for slot in slots:
             dataplane.free(slot)
-        if uses_shm:
+        if any(t.shm is not None for t in decoded.inputs) or any(
+                o.shm is not None for o in plan.outputs):
             dataplane.shared_memory.release_request(request_id)
         raise
     request = InferRequest(

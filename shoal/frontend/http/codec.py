@@ -34,6 +34,7 @@ SEQUENCE_START: Final = 1
 SEQUENCE_END: Final = 2
 _LENGTH = struct.Struct("<I")
 _RESERVED_PARAMETERS: Final = frozenset({"headers"})
+_SHM_KEY_SET: Final = frozenset(SHM_KEYS)  # a tensor without them has no shared memory
 
 
 @dataclass(slots=True)
@@ -110,7 +111,9 @@ def decode_infer_request(
     if not isinstance(request_id, str):
         raise invalid_arg("Unable to parse 'id': expected a string")
     request.client_id = request_id
-    decode_request_parameters(document.get("parameters"), request)
+    parameters = document.get("parameters")
+    if parameters is not None:
+        decode_request_parameters(parameters, request)
     request.inputs = _decode_inputs(document.get("inputs"), binary, model.name, max_input_bytes,
                                     len(header))
     request.outputs = _decode_outputs(document.get("outputs"))
@@ -243,7 +246,8 @@ def _decode_inputs(
         params = item.get("parameters", {})
         if not isinstance(params, dict):
             raise invalid_arg(f"Unable to parse 'parameters' for input '{name}'")
-        shm = decode_shared_memory(params, f"input '{name}'")
+        shm = None if _SHM_KEY_SET.isdisjoint(params) else decode_shared_memory(
+            params, f"input '{name}'")
         _check_content_fields(name, "data" in item, params)
         declared = _declared_bytes(datatype, count, name, model_name)
         if shm is not None:
@@ -302,8 +306,12 @@ def _decode_datatype(value: Any, name: str) -> str:
 
 
 def _decode_shape(value: Any, name: str) -> list[int]:
-    if isinstance(value, list) and all(type(d) is int and d >= 0 for d in value):
-        return value
+    if isinstance(value, list):
+        for dim in value:
+            if type(dim) is not int or dim < 0:
+                break
+        else:
+            return value
     raise invalid_arg(
         f"Unable to parse 'shape' for input '{name}': expected an array of non-negative "
         f"integers, got {value!r}"
@@ -383,7 +391,8 @@ def add_output_parameter(output: OutputRequest, key: str, value: Any) -> None:
 
 
 def _decode_output(name: str, params: dict[str, Any]) -> OutputRequest:
-    output = OutputRequest(name, shm=decode_shared_memory(params, f"output '{name}'"))
+    output = OutputRequest(name, shm=None if _SHM_KEY_SET.isdisjoint(params)
+                           else decode_shared_memory(params, f"output '{name}'"))
     for key, value in params.items():
         if key == "binary_data":
             if not isinstance(value, bool):
