@@ -12,9 +12,10 @@ size, the median of calls made one at a time:
   bytes, ``Inference-Header-Content-Length``) and reads the answer into a buffer allocated once
   (``recv_into``): what is left is the server's part plus the loopback's own send / receive
   copies, the nearest a client gets to the server's part;
-- loopback floor: the same raw client against a minimal uvloop server in this process that
-  reads the request's bytes and answers as many from a buffer made once (no parsing, no model):
-  what the kernel's loopback copies and the client's reads cost, so
+- loopback floor: the same raw client against a minimal uvloop server in a process of its own
+  that reads the request's bytes into a buffer made once (``BufferedProtocol``) and answers as
+  many from a buffer made once (no parsing, no model): what the kernel's loopback copies and the
+  client's reads cost, so
   "raw round trip - loopback floor" is the server's own part;
 - CPU ms per raw round trip of the server's frontend, broker and worker processes (user +
   system, from /proc): the server's work, far less disturbed by a busy machine than wall time;
@@ -35,6 +36,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import multiprocessing
 import os
 import pathlib
 import socket
@@ -42,7 +44,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, cast
@@ -184,46 +185,58 @@ def measure_raw(port: int, running: servers.Server, x: np.ndarray,
         client.close()
 
 
-class _EchoProtocol(asyncio.Protocol):
-    """Counts ``request_bytes`` in, then writes ``answer`` (HTTP head + body) back."""
+class _EchoProtocol(asyncio.BufferedProtocol):
+    """Reads ``request_bytes`` into one buffer made once (no ``bytes`` per read, as the lean
+    transport reads a large body), then writes ``answer`` (HTTP head + body) back."""
 
     def __init__(self, request_bytes: int, answer: bytes) -> None:
         self.request_bytes = request_bytes
         self.answer = answer
+        self.buffer = memoryview(bytearray(request_bytes))
         self.seen = 0
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
 
-    def data_received(self, data: bytes) -> None:
-        self.seen += len(data)
-        if self.seen >= self.request_bytes:
-            self.seen -= self.request_bytes
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.buffer[self.seen:]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.seen += nbytes
+        if self.seen == self.request_bytes:
+            self.seen = 0
             assert self.transport is not None
             self.transport.write(self.answer)
+
+
+def _serve_echo(listening: socket.socket, request_bytes: int, answer: bytes) -> None:
+    """The loopback floor's server, in a process of its own (no GIL shared with the client)."""
+    loop = uvloop.new_event_loop()
+    loop.run_until_complete(loop.create_server(
+        lambda: _EchoProtocol(request_bytes, answer), sock=listening))
+    loop.run_forever()
 
 
 def measure_loopback_floor(x: np.ndarray, repeat: int) -> tuple[float, float]:
     request = binary_request(x)
     body = x.tobytes()
     answer = f"HTTP/1.1 200 OK\r\ncontent-length: {len(body)}\r\n\r\n".encode() + body
-    loop = uvloop.new_event_loop()
     listening = socket.socket()
     listening.bind(("127.0.0.1", 0))
+    listening.listen(1)
     port = listening.getsockname()[1]
-    server = loop.run_until_complete(loop.create_server(
-        lambda: _EchoProtocol(len(request), answer), sock=listening))
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
+    echo = multiprocessing.get_context("fork").Process(
+        target=_serve_echo, args=(listening, len(request), answer), daemon=True)
+    echo.start()
+    listening.close()
     client = RawClient(port, x.nbytes + (1 << 20))
     try:
         return timed_spread(lambda: client.round_trip(request), repeat)
     finally:
         client.close()
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
-        server.close()
+        echo.kill()
+        echo.join(10)
 
 
 def measure_client_codec(x: np.ndarray, repeat: int) -> dict[str, float]:
