@@ -423,3 +423,32 @@ def test_raw_bytes_request_needs_shape_one() -> None:
     error = error_of(lambda: decode_infer_request(b"427", "0", model, LIMIT))
     assert "For BYTE datatype raw input 'INPUT0', the model must have input shape [1]" \
         in error.message
+
+
+# ---------------------------------------------------------------- the usual requests' paths
+
+
+def test_null_request_parameters_are_no_parameters_but_a_null_input_one_is_refused() -> None:
+    request = decode({"parameters": None, "inputs": [
+        {"name": "X", "datatype": "FP32", "shape": [1], "data": [1.0]}]})
+    assert request.parameters == {} and request.inputs[0].shm is None
+    error = error_of(lambda: decode({"inputs": [
+        {"name": "X", "datatype": "FP32", "shape": [1], "data": [1.0], "parameters": None}]}))
+    assert error.message == "Unable to parse 'parameters' for input 'X'"
+
+
+@pytest.mark.parametrize("data", [[1, 2, 3, 4], [[1, 2], [3, 4]], [1, 2.5, True, 4]])
+def test_fp32_json_data_of_ints_nested_or_mixed_numbers(data: list[Any]) -> None:
+    request = decode({"inputs": [{"name": "X", "datatype": "FP32", "shape": [2, 2],
+                                  "data": data}]})
+    assert np.frombuffer(request.inputs[0].data, np.float32).tolist() == \
+        np.array(data, np.float64).reshape(-1).tolist()
+
+
+@pytest.mark.parametrize("data,got", [([[1.0, 2.0], [3.0]], 3), ([1.0] * 5, 5), ([], 0)])
+def test_fp32_json_data_of_the_wrong_count_is_refused_naming_both(data: list[Any],
+                                                                  got: int) -> None:
+    error = error_of(lambda: decode({"inputs": [{"name": "X", "datatype": "FP32",
+                                                 "shape": [2, 2], "data": data}]}))
+    assert error.message == \
+        f"Unable to parse 'data' for input 'X': expected 4 elements to match 'shape', got {got}"
