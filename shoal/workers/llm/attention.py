@@ -16,12 +16,9 @@ layers see all of them at once). Attention then treats two kinds of sequence:
 window gets a copy whose masks also hide the keys outside the window (``window.py``).
 
 Gathering the decode rows' blocks copies every cached key and value of the batch once per layer
-and iteration. ``DecodeKvCopy`` keeps those copies from one iteration to the next: while the
-decode rows are the same sequences, in the same order, each one token further, and the longest
-table keeps its length, an iteration only writes its new token's key/value into the kept copy
-(as into the pool) and gathers again just the rows whose block table changed (a new block, a
-copied shared one). The values are the very ones in the pool, and padding is masked
-with -inf either way, so the attention output is bitwise the same.
+and iteration; ``DecodeKvCopy`` (``decode_copy.py``) keeps them between iterations, one slot per
+decoding sequence, so an iteration writes only its new tokens (and fills the slots of sequences
+that joined).
 """
 
 from __future__ import annotations
@@ -31,6 +28,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from shoal.workers.llm.decode_copy import DecodeKvCopy, SlotPlan
 from shoal.workers.llm.kv_cache import BlockManager
 from shoal.workers.llm.window import windowed_prefill_attention
 
@@ -45,56 +43,6 @@ class SequenceSpan:
     cached: int
     block_table: list[int]
     owner: object | None = None  # the Sequence (``DecodeKvCopy`` matches rows by identity)
-
-
-KEEP_DECODE_KV_MAX_BYTES = 256 * 2**20  # larger gathered copies are not kept between iterations
-
-
-class DecodeKvCopy:
-    """Each layer's gathered keys/values of the decode rows, kept between iterations (see the
-    module docstring). Owned by the engine; executor loop thread only."""
-
-    def __init__(self, bytes_per_token: int) -> None:
-        """``bytes_per_token``: the key and value of one token over all layers."""
-        self.bytes_per_token = bytes_per_token
-        # layer -> keys transposed [rows, Hkv, D, width], values [rows, Hkv, width, D]
-        self.layers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._owners: list[object] = []
-        self._tables: list[tuple[int, ...]] = []
-        self._cached: list[int] = []
-        self._width = 0  # tokens per row of the kept copies
-        self.keeping = False  # this iteration's gathered copies are kept (small enough)
-
-    def plan(self, decode: list[SequenceSpan], width_tokens: int) -> list[int] | None:
-        """Called once per iteration with its decode rows: the rows to gather again when the
-        kept copies hold the others (the iteration adds its token to all), or None when the
-        layers gather anew (and keep the result when it is small enough)."""
-        owners = [span.owner for span in decode]
-        tables = [tuple(span.block_table) for span in decode]
-        cached = [span.cached for span in decode]
-        reuse = (bool(self.layers) and width_tokens == self._width
-                 and len(owners) == len(self._owners)
-                 and all(o is not None and o is p for o, p in zip(owners, self._owners,
-                                                                  strict=True))
-                 and all(c == p + 1 for c, p in zip(cached, self._cached, strict=True)))
-        refresh = ([row for row, (now, then) in enumerate(zip(tables, self._tables,
-                                                              strict=True)) if now != then]
-                   if reuse else None)
-        if not reuse:
-            self.layers.clear()
-        keep = len(decode) * width_tokens * self.bytes_per_token <= KEEP_DECODE_KV_MAX_BYTES
-        if keep:
-            self._owners, self._tables, self._cached = owners, tables, cached
-            self._width = width_tokens
-        else:
-            self.forget()
-        self.keeping = keep
-        return refresh
-
-    def forget(self) -> None:
-        self.layers.clear()
-        self._owners, self._tables, self._cached = [], [], []
-        self._width = 0
 
 
 @dataclass(frozen=True)
@@ -118,11 +66,8 @@ class AttentionBatch:
     # the result is bitwise the same.)
     tokens_per_block: int
     extend_spans: list[ExtendSpan] = field(default_factory=list)
-    decode_copy: DecodeKvCopy | None = None  # kept gathered keys/values, when kept
-    decode_reused: bool = False  # decode_copy holds this iteration's rows: write the new token
-    decode_positions: torch.Tensor | None = None  # [Bd] position of each decode row's token
-    decode_refresh: torch.Tensor | None = None  # rows of decode_copy to gather again (or None)
-    decode_row_index: torch.Tensor | None = None  # arange(Bd), with decode_positions
+    decode_copy: DecodeKvCopy | None = None  # kept keys/values of the decode rows, when kept
+    decode_plan: SlotPlan | None = None  # where the decode rows live in decode_copy
     decode_only: bool = False  # every token is a decode row, in packed order (row i = token i)
     decode_lengths: tuple[int, ...] = ()  # keys each decode row attends to: its position + 1
     # one per prefill span when ``window.py`` cut one: the window's tile mask (additive
@@ -165,16 +110,12 @@ def build_attention_batch(spans: list[SequenceSpan], blocks: BlockManager,
         mask = torch.zeros(padding.shape, dtype=dtype, device=device).masked_fill_(
             padding, float("-inf"))
     padded = [t + [0] * (width - len(t)) for t in decode_tables]
-    refresh: list[int] | None = None
-    positions: torch.Tensor | None = None
-    row_index: torch.Tensor | None = None
+    plan: SlotPlan | None = None
     if decode_copy is not None:
         if decode_spans:
-            refresh = decode_copy.plan(decode_spans, width * size)
-            if refresh is not None:
-                positions = torch.tensor([s.cached for s in decode_spans], dtype=torch.long,
-                                         device=device)
-                row_index = torch.arange(len(decode_spans), device=device)
+            plan = decode_copy.plan([s.owner for s in decode_spans],
+                                    [s.cached for s in decode_spans], decode_tables,
+                                    width * size, device)
         else:
             decode_copy.forget()
     return AttentionBatch(
@@ -186,12 +127,8 @@ def build_attention_batch(spans: list[SequenceSpan], blocks: BlockManager,
         decode_mask=mask,
         tokens_per_block=size,
         extend_spans=extend,
-        decode_copy=decode_copy if decode_spans else None,
-        decode_reused=refresh is not None,
-        decode_positions=positions,
-        decode_row_index=row_index,
-        decode_refresh=(torch.tensor(refresh, dtype=torch.long, device=device)
-                        if refresh else None),
+        decode_copy=decode_copy if plan is not None else None,
+        decode_plan=plan,
         decode_lengths=tuple(decode_lengths),
         decode_only=bool(decode_spans) and not prefill and not extend,
     )
@@ -218,8 +155,7 @@ def paged_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     layer_cache[0].index_copy_(0, batch.slot_mapping, key)
     layer_cache[1].index_copy_(0, batch.slot_mapping, value)
     if batch.decode_only:  # the common decoding iteration: no packing in or out
-        keys_t, values = _decode_keys_values(layer_cache, batch, layer, key, value)
-        return decode_attention(query, keys_t, values, batch.decode_mask, scale)
+        return _decode_rows(query, key, value, layer_cache, batch, layer, scale)
     gqa = query.shape[1] != key.shape[1]
     out = torch.empty_like(query)
     for index, (start, end) in enumerate(batch.prefill_spans):
@@ -234,9 +170,9 @@ def paged_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
             attended = windowed_prefill_attention(q, k, v, mask, scale, gqa)
         out[start:end] = attended[0].transpose(0, 1)
     if batch.decode_rows.numel():
-        keys_t, values = _decode_keys_values(layer_cache, batch, layer, key, value)
-        out[batch.decode_rows] = decode_attention(query[batch.decode_rows], keys_t, values,
-                                                  batch.decode_mask, scale)
+        rows = batch.decode_rows
+        out[rows] = _decode_rows(query[rows], key[rows], value[rows], layer_cache, batch,
+                                 layer, scale)
     for span in batch.extend_spans:
         q = query[span.start:span.end].transpose(0, 1)[None]  # [1, H, n, D]
         k, v = _gather_table(layer_cache, span.blocks, batch.tokens_per_block)
@@ -286,31 +222,29 @@ def decode_attention(query: torch.Tensor, keys_t: torch.Tensor, values: torch.Te
     return attended.view(rows, heads, dim)
 
 
-def _decode_keys_values(layer_cache: torch.Tensor, batch: AttentionBatch, layer: int,
-                        key: torch.Tensor, value: torch.Tensor
-                        ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Keys (transposed) [Bd, Hkv, D, K] and values [Bd, Hkv, K, D] (K = NB *
-    tokens_per_block) of each decode row: the copy kept from the last iteration plus this
-    iteration's token, or gathered from the pool (and kept)."""
-    kept = batch.decode_copy if layer >= 0 else None
-    gathered = kept.layers.get(layer) if kept is not None and batch.decode_reused else None
-    if gathered is None:
-        gathered = _gather_blocks(layer_cache, batch)
-        if kept is not None and kept.keeping:
-            kept.layers[layer] = gathered
-        return gathered
-    assert batch.decode_positions is not None and batch.decode_row_index is not None
-    keys_t, values = gathered
-    rows, positions = batch.decode_row_index, batch.decode_positions
-    if not batch.decode_only:
-        key, value = key[batch.decode_rows], value[batch.decode_rows]
-    keys_t[rows, :, :, positions] = key
-    values[rows, :, positions] = value
-    if batch.decode_refresh is not None:  # rows whose block table changed
-        fresh_keys_t, fresh_values = _gather_blocks(layer_cache, batch, batch.decode_refresh)
-        keys_t[batch.decode_refresh] = fresh_keys_t
-        values[batch.decode_refresh] = fresh_values
-    return keys_t, values
+def _decode_rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                 layer_cache: torch.Tensor, batch: AttentionBatch, layer: int,
+                 scale: float) -> torch.Tensor:
+    """Attention of the decode rows (query [Bd, H, D], their new key/value [Bd, Hkv, D]) over
+    their sequences' keys: in the kept slots of ``batch.decode_copy`` when kept (``layer`` >= 0),
+    else gathered from the pool."""
+    kept, plan = batch.decode_copy, batch.decode_plan
+    if kept is None or plan is None or layer < 0:
+        keys_t, values = _gather_blocks(layer_cache, batch)
+        return decode_attention(query, keys_t, values, batch.decode_mask, scale)
+    keys_t, values = kept.tensors(layer, plan, key.shape[1], key.shape[2], key.dtype, key.device)
+    if plan.gather_rows is not None:  # new sequences (or changed ones) fill their slots
+        fresh_keys_t, fresh_values = _gather_blocks(layer_cache, batch, plan.gather_rows)
+        width = fresh_values.shape[2]
+        keys_t[plan.gather_slots, :, :, :width] = fresh_keys_t
+        values[plan.gather_slots, :, :width] = fresh_values
+    keys_t[plan.slots, :, :, plan.positions] = key
+    values[plan.slots, :, plan.positions] = value
+    mask = kept.slot_mask(plan, batch.decode_mask, batch.decode_lengths, query.dtype)
+    if plan.identity:
+        return decode_attention(query, keys_t, values, mask, scale)
+    slotted = query.new_zeros((plan.capacity, *query.shape[1:])).index_copy_(0, plan.slots, query)
+    return decode_attention(slotted, keys_t, values, mask, scale).index_select(0, plan.slots)
 
 
 def _gather_blocks(layer_cache: torch.Tensor, batch: AttentionBatch,

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from shoal.workers.llm.attention import DecodeKvCopy, SequenceSpan, build_attention_batch
+from shoal.workers.llm.attention import SequenceSpan, build_attention_batch
+from shoal.workers.llm.decode_copy import DecodeKvCopy
 from shoal.workers.llm.kv_cache import BlockManager, KvCachePool
 from shoal.workers.llm.logits.post_process import LogitsPostProcessing
 from shoal.workers.llm.logits.top_log_probs import TopLogProbs, top_log_probs

@@ -1,21 +1,19 @@
-"""The decode rows' gathered keys/values kept between iterations (``attention.DecodeKvCopy``):
-the attention output is bitwise the one of gathering every iteration; the copy is used only for
-the same sequences, one token further, while the longest block table keeps its length (a row
-whose table changed is gathered again)."""
+"""The decode rows' keys/values kept between iterations (``decode_copy.DecodeKvCopy``): one slot
+per decoding sequence. The attention output agrees with gathering every iteration (to float32
+rounding: the kept slots are wider, with masked keys); a sequence keeps its slot while it decodes
+one token further with its earlier blocks unchanged, new and changed sequences fill a slot from
+the pool, leaving ones give theirs back."""
 
 from __future__ import annotations
 
 import torch
 
-from shoal.workers.llm.attention import (
-    DecodeKvCopy,
-    SequenceSpan,
-    build_attention_batch,
-    paged_attention,
-)
+from shoal.workers.llm.attention import SequenceSpan, build_attention_batch, paged_attention
+from shoal.workers.llm.decode_copy import DecodeKvCopy, SlotPlan
 from shoal.workers.llm.kv_cache import BlockManager
 
 BLOCK, KV_HEADS, HEADS, DIM, LAYERS = 4, 2, 4, 8, 2
+TOKEN_BYTES = LAYERS * 2 * KV_HEADS * DIM * 4
 
 
 class Row:
@@ -28,9 +26,9 @@ class Row:
 
 
 def step(rows: list[Row], blocks: BlockManager, caches: list[torch.Tensor],
-         copy: DecodeKvCopy | None) -> tuple[torch.Tensor, bool]:
+         copy: DecodeKvCopy | None) -> tuple[torch.Tensor, SlotPlan | None]:
     """One decode iteration of ``rows`` (each adds one token) over every layer; returns the
-    layers' outputs stacked, and whether the kept copy served it."""
+    layers' outputs stacked, and the kept copy's plan (None: not kept)."""
     spans = []
     for index, row in enumerate(rows):
         blocks.prepare_write(row.table, row.cached, 1)
@@ -38,14 +36,14 @@ def step(rows: list[Row], blocks: BlockManager, caches: list[torch.Tensor],
     batch = build_attention_batch(spans, blocks, "cpu", decode_copy=copy)
     outs = []
     for layer, cache in enumerate(caches):
-        generator = torch.Generator().manual_seed(1000 * layer + rows[0].cached)
+        generator = torch.Generator().manual_seed(1000 * layer + sum(r.cached for r in rows))
         q = torch.randn(len(rows), HEADS, DIM, generator=generator)
         k = torch.randn(len(rows), KV_HEADS, DIM, generator=generator)
         v = torch.randn(len(rows), KV_HEADS, DIM, generator=generator)
         outs.append(paged_attention(q, k, v, cache, batch, 0.3, layer))
     for row in rows:
         row.cached += 1
-    return torch.stack(outs), batch.decode_reused
+    return torch.stack(outs), batch.decode_plan
 
 
 def pools(blocks: BlockManager) -> list[torch.Tensor]:
@@ -53,34 +51,91 @@ def pools(blocks: BlockManager) -> list[torch.Tensor]:
     return [torch.randn(2, blocks.num_blocks * BLOCK, KV_HEADS, DIM) for _ in range(LAYERS)]
 
 
-def test_kept_copy_gives_the_gathered_output_bitwise() -> None:
+def gathered(plan: SlotPlan | None) -> list[int]:
+    assert plan is not None
+    return [] if plan.gather_rows is None else plan.gather_rows.tolist()
+
+
+def test_kept_slots_give_the_gathered_output_as_rows_join_and_leave() -> None:
+    """Rows of different lengths cross block boundaries (the width grows), one leaves, two
+    join; every iteration's output agrees with gathering from the pool."""
     runs = []
     for keep in (False, True):
-        blocks = BlockManager(32, BLOCK)
+        blocks = BlockManager(64, BLOCK)
         caches = pools(blocks)
         rows = [Row(blocks, cached) for cached in (5, 7, 2)]
-        copy = DecodeKvCopy(LAYERS * 2 * KV_HEADS * DIM * 4) if keep else None
-        runs.append([step(rows, blocks, caches, copy) for _ in range(9)])
-    for (plain, plain_reused), (kept, _) in zip(*runs, strict=True):
-        assert torch.equal(plain, kept) and not plain_reused
-    # positions 5+i, 7+i, 2+i in blocks of 4: the longest table grows at i = 1 and 5 (all rows
-    # gathered anew); at i = 2, 3, 6, 7 a shorter row starts a block (that row gathered again)
-    assert [reused for _, reused in runs[1]] == [False, False, True, True, True, False, True,
-                                                 True, True]
+        copy = DecodeKvCopy(TOKEN_BYTES) if keep else None
+        outs = []
+        for i in range(12):
+            if i == 4:
+                rows.pop(1)
+            if i in (6, 9):
+                rows.append(Row(blocks, 3 + i))
+            outs.append(step(rows, blocks, caches, copy))
+        runs.append(outs)
+    for (plain, plain_plan), (kept, plan) in zip(*runs, strict=True):
+        assert plain_plan is None and plan is not None
+        torch.testing.assert_close(kept, plain, rtol=1e-5, atol=1e-6)
+    # all rows at first; then only the rows that joined (at i = 6 and 9, appended last)
+    assert [gathered(plan) for _, plan in runs[1]] == [
+        [0, 1, 2], [], [], [], [], [], [2], [], [], [3], [], []]
+
+
+def test_a_leaving_row_gives_its_slot_to_the_next_one() -> None:
+    blocks = BlockManager(64, BLOCK)
+    caches = pools(blocks)
+    copy = DecodeKvCopy(TOKEN_BYTES)
+    first, second = Row(blocks, 5), Row(blocks, 6)
+    _, plan = step([first, second], blocks, caches, copy)
+    assert plan is not None and plan.slots.tolist() == [0, 1]
+    newcomer = Row(blocks, 2)
+    _, plan = step([second, newcomer], blocks, caches, copy)  # first left: slot 0 is free
+    assert plan is not None and plan.slots.tolist() == [1, 0] and gathered(plan) == [1]
 
 
 def test_another_sequence_with_the_same_table_is_gathered_anew() -> None:
     blocks = BlockManager(32, BLOCK)
     caches = pools(blocks)
-    copy = DecodeKvCopy(LAYERS * 2 * KV_HEADS * DIM * 4)
+    copy = DecodeKvCopy(TOKEN_BYTES)
     first = Row(blocks, 5)
     step([first], blocks, caches, copy)
     stranger = Row.__new__(Row)  # same blocks and length, another sequence
     stranger.table, stranger.cached = first.table, first.cached
-    _, reused = step([stranger], blocks, caches, copy)
-    assert not reused
-    _, reused = step([stranger], blocks, caches, copy)
-    assert reused
+    _, plan = step([stranger], blocks, caches, copy)
+    assert gathered(plan) == [0]
+    _, plan = step([stranger], blocks, caches, copy)
+    assert gathered(plan) == []
+
+
+def test_a_row_whose_earlier_blocks_changed_is_gathered_anew() -> None:
+    """A copied shared block (or any other change of a block already kept) refills the slot;
+    a block appended at the end does not."""
+    blocks = BlockManager(32, BLOCK)
+    caches = pools(blocks)
+    copy = DecodeKvCopy(TOKEN_BYTES)
+    row = Row(blocks, 6)
+    step([row], blocks, caches, copy)
+    _, plan = step([row], blocks, caches, copy)  # position 7 ... 8 starts a block next
+    assert gathered(plan) == []
+    _, plan = step([row], blocks, caches, copy)
+    assert gathered(plan) == [] and len(row.table) == 3
+    replacement = next(b for b in range(blocks.num_blocks) if b not in row.table)
+    row.table[0] = replacement
+    _, plan = step([row], blocks, caches, copy)
+    assert gathered(plan) == [0]
+
+
+def test_mostly_idle_slots_start_over() -> None:
+    blocks = BlockManager(128, BLOCK)
+    caches = pools(blocks)
+    copy = DecodeKvCopy(TOKEN_BYTES)
+    rows = [Row(blocks, 3) for _ in range(20)]
+    _, plan = step(rows, blocks, caches, copy)
+    assert plan is not None and plan.capacity == 24
+    _, plan = step(rows[:12], blocks, caches, copy)  # half the slots busy: kept
+    assert plan is not None and plan.capacity == 24 and gathered(plan) == []
+    _, plan = step(rows[:3], blocks, caches, copy)
+    assert plan is not None and plan.capacity == 8 and gathered(plan) == [0, 1, 2]
 
 
 def test_a_copy_too_large_is_not_kept() -> None:
@@ -89,5 +144,5 @@ def test_a_copy_too_large_is_not_kept() -> None:
     copy = DecodeKvCopy(10**9)  # every token "weighs" a gigabyte
     rows = [Row(blocks, 5)]
     step(rows, blocks, caches, copy)
-    _, reused = step(rows, blocks, caches, copy)
-    assert not reused and not copy.layers
+    _, plan = step(rows, blocks, caches, copy)
+    assert plan is None and not copy.layers
