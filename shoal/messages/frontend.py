@@ -66,7 +66,7 @@ class InferResponse(msgspec.Struct, frozen=True, array_like=True, omit_defaults=
     trace: TraceStamps | None = None  # a traced request's terminal answer (InferRequest.trace)
 
 
-class InferRequestBatch(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+class InferRequestBatch(msgspec.Struct, frozen=True, array_like=True):
     """frontend -> broker: several InferRequests queued in one event-loop iteration, sent as one
     message (one socket send instead of many under load). ``releases``: output leases the
     sender is done with, riding on this message instead of a ReleaseLeases of their own; the
