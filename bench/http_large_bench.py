@@ -19,6 +19,9 @@ size, the median of calls made one at a time:
   "raw round trip - loopback floor" is the server's own part;
 - CPU ms per raw round trip of the server's frontend, broker and worker processes (user +
   system, from /proc): the server's work, far less disturbed by a busy machine than wall time;
+  and of the echo server (``cpu_echo``): ``cpu_server_extra`` = the server's CPU minus the
+  echo's is the server's own work beyond the loopback copies, ``cpu_extra_x_memcpy`` that over
+  the fastest memcpy (the load-robust counterpart of "server's part x memcpy");
 - tritonclient round trip: ``set_data_from_numpy`` .. ``as_numpy`` (``bench.shm_bench``'s HTTP
   binary column);
 - tritonclient encode / decode: its request body built (``generate_request_body``) and the
@@ -218,7 +221,9 @@ def _serve_echo(listening: socket.socket, request_bytes: int, answer: bytes) -> 
     loop.run_forever()
 
 
-def measure_loopback_floor(x: np.ndarray, repeat: int) -> tuple[float, float]:
+def measure_loopback_floor(x: np.ndarray, repeat: int) -> tuple[float, float, float]:
+    """(median, minimum) round trip ms against the echo server, and the echo server's CPU ms
+    per round trip (its two loopback copies: what any server spends on the bytes)."""
     request = binary_request(x)
     body = x.tobytes()
     answer = f"HTTP/1.1 200 OK\r\ncontent-length: {len(body)}\r\n\r\n".encode() + body
@@ -232,7 +237,14 @@ def measure_loopback_floor(x: np.ndarray, repeat: int) -> tuple[float, float]:
     listening.close()
     client = RawClient(port, x.nbytes + (1 << 20))
     try:
-        return timed_spread(lambda: client.round_trip(request), repeat)
+        for _ in range(3):
+            client.round_trip(request)
+        echo_process = psutil.Process(echo.pid)
+        before = echo_process.cpu_times()
+        median, fastest = timed_spread(lambda: client.round_trip(request), repeat, warmup=0)
+        after = echo_process.cpu_times()
+        cpu = (after.user + after.system - before.user - before.system) / repeat * 1e3
+        return median, fastest, cpu
     finally:
         client.close()
         echo.kill()
@@ -273,7 +285,12 @@ def run(sizes: list[int], checkout: pathlib.Path | None,
             row: dict[str, Any] = {"size_mb": size_mb, "load": os.getloadavg()[0]}
             row["memcpy"], row["memcpy_min"] = measure_memcpy(x, repeat)
             row.update(measure_raw(port, running, x, repeat))
-            row["loopback_floor"], row["loopback_floor_min"] = measure_loopback_floor(x, repeat)
+            row["loopback_floor"], row["loopback_floor_min"], row["cpu_echo"] = \
+                measure_loopback_floor(x, repeat)
+            # the server's CPU beyond what the echo server spends on the same bytes
+            row["cpu_server_extra"] = (row["cpu_frontend"] + row["cpu_broker"]
+                                       + row["cpu_worker"] - row["cpu_echo"])
+            row["cpu_extra_x_memcpy"] = row["cpu_server_extra"] / row["memcpy_min"]
             row["server_part"] = row["raw_round_trip"] - row["loopback_floor"]
             row["server_part_min"] = row["raw_round_trip_min"] - row["loopback_floor_min"]
             row["server_x_memcpy_min"] = row["server_part_min"] / row["memcpy_min"]
@@ -296,14 +313,15 @@ def main() -> None:
     args = parser.parse_args()
     rows = run([int(s) for s in args.sizes.split(",")], args.checkout, args.server_arg)
     print("| size | memcpy | raw round trip | loopback floor | server's part | x memcpy "
-          "| min: server's part / x memcpy "
+          "| min: server's part / x memcpy | CPU beyond echo / x memcpy "
           "| CPU frontend / broker / worker | tritonclient round trip | tritonclient encode "
           "| decode |")
     for row in rows:
         print(f"| {row['size_mb']} MB | {row['memcpy']:.2f} | {row['raw_round_trip']:.2f} | "
               f"{row['loopback_floor']:.2f} | {row['server_part']:.2f} | "
               f"{row['server_x_memcpy']:.1f}x | {row['server_part_min']:.2f} / "
-              f"{row['server_x_memcpy_min']:.1f}x | {row['cpu_frontend']:.1f} / "
+              f"{row['server_x_memcpy_min']:.1f}x | {row['cpu_server_extra']:.1f} / "
+              f"{row['cpu_extra_x_memcpy']:.1f}x | {row['cpu_frontend']:.1f} / "
               f"{row['cpu_broker']:.1f} / {row['cpu_worker']:.1f} | "
               f"{row['tritonclient_round_trip']:.2f} | {row['client_encode']:.2f} | "
               f"{row['client_decode']:.2f} |")
