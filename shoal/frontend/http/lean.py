@@ -60,6 +60,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 BODY_SLOT_MIN_BYTES: Final = 1 << 20  # smaller bodies are read into memory and copied once
+SCRATCH_BYTES: Final = 1 << 16  # reads of a body dropped after its slot went (see _BodyReader)
 DRAIN_POLL_S: Final = 0.001
 CONTINUE: Final = b"HTTP/1.1 100 Continue\r\n\r\n"
 _HEADER_LENGTH_BYTES: Final = HEADER_LENGTH.encode()
@@ -161,32 +162,42 @@ class _Wakeup:
 
 class _BodyReader(asyncio.BufferedProtocol):
     """Stands in for the connection's protocol while the rest of a slot-bound body is read: the
-    transport reads into the slot itself (``get_buffer`` returns exactly the bytes still owed,
-    so a read never takes a byte past the body). Each read counts as body progress for the
-    guard's body timeout. Once the body is in, the connection's protocol is put back with a
-    fresh parser (the old one still waits for the body it never saw) and told the message is
-    complete, as its parser would have. Connection events go on to the connection's protocol."""
+    transport reads into the slot itself (``get_buffer`` never offers more than the body bytes
+    still ``owed``, so a read never takes a byte past the body). Each read counts as body
+    progress for the guard's body timeout. Once the body is in, the connection's protocol is put
+    back with a fresh parser (the old one still waits for the body it never saw) and told the
+    message is complete, as its parser would have. If the slot goes first while the connection
+    lives on (the request was answered early, e.g. refused by the restricted-API gate), the rest
+    of the body is read into a scratch buffer and dropped, so the next request on the connection
+    is framed right. Connection events go on to the connection's protocol."""
 
-    def __init__(self, cycle: LeanInferCycle) -> None:
+    def __init__(self, cycle: LeanInferCycle, owed: int) -> None:
         self.cycle = cycle
         self.protocol = cycle.protocol
+        self.owed = owed  # body bytes not yet read (by the parser, then by this reader)
+        self.scratch: memoryview | None = None  # set once the rest is dropped
 
     def get_buffer(self, sizehint: int) -> memoryview:
+        if self.scratch is not None:
+            return self.scratch[:self.owed]
         cycle = self.cycle
         slot = cycle._body_slot
-        assert slot is not None  # detached before the slot goes
-        return slot.slot.view[slot.start + cycle._size:]
+        assert slot is not None  # the reader drops the rest once the slot is gone
+        start = slot.start + cycle._size
+        return slot.slot.view[start:start + self.owed]
+
+    def drop_the_rest(self) -> None:
+        self.scratch = memoryview(bytearray(min(self.owed, SCRATCH_BYTES)))
 
     def buffer_updated(self, nbytes: int) -> None:
-        cycle = self.cycle
         protocol = self.protocol
-        cycle._size += nbytes
+        self.owed -= nbytes
+        if self.scratch is None:
+            self.cycle._size += nbytes
         protocol._body_bytes += nbytes
         protocol._deadline = protocol.loop.time() + protocol._body_timeout_s  # progress
-        slot = cycle._body_slot
-        assert slot is not None
-        if slot.start + cycle._size >= slot.slot.nbytes:
-            cycle._detach_reader()
+        if self.owed <= 0:
+            self.cycle._detach_reader()
             protocol.parser = httptools.HttpRequestParser(protocol)
             protocol.on_message_complete()
 
@@ -232,7 +243,8 @@ class LeanInferCycle:
         self._reader: _BodyReader | None = None
         if self._body_slot is not None:
             # from the next read on (the parser is still taking this one apart)
-            self._reader = _BodyReader(self)
+            owed = self._body_slot.slot.nbytes - self._body_slot.start
+            self._reader = _BodyReader(self, owed)
             protocol.transport.set_protocol(self._reader)
 
     def _detach_reader(self) -> None:
@@ -265,6 +277,9 @@ class LeanInferCycle:
 
     def feed(self, body: bytes) -> None:
         """A piece of the body, as parsed (never past Content-Length: the parser frames it)."""
+        reader = self._reader
+        if reader is not None:  # the bytes that came with the headers' read
+            reader.owed -= len(body)
         if self.response_complete or self.disconnected:
             return
         slot = self._body_slot
@@ -381,7 +396,13 @@ class LeanInferCycle:
         return self._body_done and not self.disconnected
 
     def _free_body_slot(self) -> None:
-        self._detach_reader()
+        reader = self._reader
+        if reader is not None:
+            if reader.owed > 0 and not self.disconnected \
+                    and not self.protocol.transport.is_closing():
+                reader.drop_the_rest()  # the connection lives on: keep its framing
+            else:
+                self._detach_reader()
         slot, self._body_slot = self._body_slot, None
         if slot is not None:
             self.lean.dataplane.free(slot.slot)

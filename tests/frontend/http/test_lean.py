@@ -61,11 +61,11 @@ class Served:
 
 
 @contextlib.contextmanager
-def serve(limits: HttpLimits = LIMITS) -> Iterator[Served]:
+def serve(limits: HttpLimits = LIMITS, settings: Settings = SETTINGS) -> Iterator[Served]:
     """uvicorn with GuardedHttpProtocol (``limits``) over the real app and a FakeDataPlane, in
     a thread, for the block."""
     dataplane = FakeDataPlane(models=[make_model("identity", [TensorSpec("INPUT0", "FP32", [-1])])])
-    app = create_asgi_app(dataplane, SETTINGS)  # type: ignore[arg-type]
+    app = create_asgi_app(dataplane, settings)  # type: ignore[arg-type]
     assert isinstance(app, InferFastPath)
     asgi_infers: list[str] = []
 

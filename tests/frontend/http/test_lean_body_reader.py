@@ -16,6 +16,7 @@ import pytest
 
 from shoal.frontend.http.guard import HttpLimits
 from shoal.frontend.http.lean import BODY_SLOT_MIN_BYTES, LeanInferCycle
+from shoal.settings import Settings
 from tests.frontend.http.test_lean import (
     LIMIT,
     Served,
@@ -39,11 +40,11 @@ def _large_request(array: np.ndarray[Any, Any], close: bool = False) -> tuple[by
     return head, body
 
 
-def _small_request(value: float) -> bytes:
+def _small_request(value: float, extra: str = "") -> bytes:
     body = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1],
                                    "data": [value]}]}).encode()
-    return f"POST {INFER} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode() \
-        + body
+    return (f"POST {INFER} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
+            f"{extra}\r\n").encode() + body
 
 
 def _answer_array(body: bytes) -> np.ndarray[Any, Any]:
@@ -161,3 +162,24 @@ def test_a_client_leaving_while_the_reader_holds_the_slot_frees_it(served: Serve
 def served() -> Any:
     with serve() as running:
         yield running
+
+
+def test_a_large_body_refused_early_keeps_the_connection_framed(fed_bytes: list[int]) -> None:
+    """The restricted-API gate answers 403 before the body is read; the rest of the body is
+    still taken off the connection by the reader (and dropped, never parsed), so the next
+    request there is served."""
+    restricted = Settings(model_repositories=["/models"], http_max_input_size=LIMIT,
+                          http_restricted_apis=[("inference", "infer-key", "yes")])
+    head, body = _large_request(np.ones(BODY_SLOT_MIN_BYTES, dtype=np.float32))
+    with serve(settings=restricted) as served, \
+            socket.create_connection(("127.0.0.1", served.port), timeout=10) as sock:
+        sock.sendall(head + body[:100])
+        time.sleep(0.3)  # refused meanwhile
+        sock.sendall(body[100:] + _small_request(2.0, "infer-key: yes\r\n"))
+        answers = _read_answers(sock, 2)
+        assert [status for status, _ in answers] == [b"HTTP/1.1 403 Forbidden",
+                                                     b"HTTP/1.1 200 OK"]
+        assert json.loads(answers[1][1])["outputs"][0]["data"] == [2.0]
+        served.wait_clean()
+    # the 100 bytes of the headers' read and the small request's body, nothing more
+    assert sum(fed_bytes) < 1000, "the refused body's rest went through the parser"
