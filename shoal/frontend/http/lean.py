@@ -196,6 +196,9 @@ class _BodyReader(asyncio.BufferedProtocol):
             self.cycle._size += nbytes
         protocol._body_bytes += nbytes
         protocol._deadline = protocol.loop.time() + protocol._body_timeout_s  # progress
+        # as the protocol's own reads do: bytes still coming after an early answer are not
+        # an idle keep-alive connection
+        protocol._unset_keepalive_if_required()
         if self.owed <= 0:
             self.cycle._detach_reader()
             protocol.parser = httptools.HttpRequestParser(protocol)

@@ -183,3 +183,29 @@ def test_a_large_body_refused_early_keeps_the_connection_framed(fed_bytes: list[
         served.wait_clean()
     # the 100 bytes of the headers' read and the small request's body, nothing more
     assert sum(fed_bytes) < 1000, "the refused body's rest went through the parser"
+
+
+def test_a_refused_body_still_arriving_is_not_an_idle_connection() -> None:
+    """After the early 403 the keep-alive idle timer runs; the dropped body's reads stop it, as
+    the protocol's own reads would, so a body slower than the idle timeout keeps the
+    connection."""
+    restricted = Settings(model_repositories=["/models"], http_max_input_size=LIMIT,
+                          http_restricted_apis=[("inference", "infer-key", "yes")])
+    idle = HttpLimits(header_timeout_s=5.0, body_timeout_s=5.0, idle_timeout_s=BODY_TIMEOUT,
+                      max_body_bytes=LIMIT, max_connections=16, over_cap=1)
+    head, body = _large_request(np.ones(BODY_SLOT_MIN_BYTES, dtype=np.float32))
+    pieces = 5
+    step = -(-(len(body) - 100) // pieces)
+    with serve(idle, restricted) as served, \
+            socket.create_connection(("127.0.0.1", served.port), timeout=10) as sock:
+        sock.sendall(head + body[:100])
+        time.sleep(0.3)  # refused meanwhile: the idle timer starts
+        for i in range(pieces):  # 5 pieces 0.4 s apart: longer than the idle timeout
+            sock.sendall(body[100 + i * step:100 + (i + 1) * step])
+            time.sleep(0.4)
+        sock.sendall(_small_request(3.0, "infer-key: yes\r\n"))
+        answers = _read_answers(sock, 2)
+        assert [status for status, _ in answers] == [b"HTTP/1.1 403 Forbidden",
+                                                     b"HTTP/1.1 200 OK"]
+        assert json.loads(answers[1][1])["outputs"][0]["data"] == [3.0]
+        served.wait_clean()
