@@ -140,10 +140,11 @@ def _array(ref: TensorRef, view_of: ViewOf, token: LeaseToken | None) -> npt.NDA
 class CalleeMemory:
     """The callees' output segments as this worker maps them (link thread only).
 
-    A tensor larger than a regular segment lies in a segment of its own, which its owner unlinks
-    when the slot is freed; a mapping kept in the cache would pin that memory, so the mapping of
-    such a segment is dropped when a lease that lent it is given back (views still alive keep
-    their pages until they go; a later answer in the same segment maps it again)."""
+    A tensor larger than a regular segment lies in a segment of its own, which its owner keeps
+    for a later tensor of about its size or unlinks (``shm/arena.py``) when the slot is freed; a
+    mapping kept in the cache after the unlink would pin that memory, so the mapping of such a
+    segment is dropped when a lease that lent it is given back (views still alive keep their
+    pages until they go; a later answer in the same segment, kept and reused, maps it again)."""
 
     def __init__(self, segment_prefix: str, segment_bytes: int) -> None:
         self._cache = RegionCache(segment_prefix)
