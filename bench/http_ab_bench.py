@@ -32,24 +32,7 @@ CELLS = (("json", 64), ("binary", 64), ("json", 1))
 
 
 def start(checkout: pathlib.Path | None, root: pathlib.Path) -> tuple[servers.Server, int]:
-    http, grpc, metrics = servers.free_port(), servers.free_port(), servers.free_port()
-    env = dict(os.environ)
-    if checkout is not None:
-        env["PYTHONPATH"] = str(checkout)
-    command = [sys.executable, "-m", "shoal", "serve", f"--model-repository={REPOSITORY}",
-               f"--http-port={http}", f"--grpc-port={grpc}", f"--metrics-port={metrics}",
-               "--http-address=127.0.0.1", "--grpc-address=127.0.0.1"]
-    with open(root / "shoal.log", "wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                   cwd=checkout)
-    running = servers.Server("shoal", http, process, root, root / "shoal.log")
-    try:
-        servers.wait_ready(f"http://127.0.0.1:{http}/v2/health/ready", process)
-    except BaseException:
-        running.stop()
-        raise
-    return running, http
-
+    return servers.launch_checkout(checkout, REPOSITORY, root)
 
 def drive(port: int, body: tuple[pathlib.Path, list[str]], concurrency: int,
           seconds: float) -> dict[str, Any]:

@@ -40,22 +40,7 @@ KINDS = ("json", "binary")
 def start(checkout: pathlib.Path, repository: pathlib.Path,
           root: pathlib.Path) -> tuple[servers.Server, int]:
     """``shoal serve`` from ``checkout`` (its own PYTHONPATH and working directory)."""
-    http, grpc, metrics = servers.free_port(), servers.free_port(), servers.free_port()
-    env = dict(os.environ, PYTHONPATH=str(checkout))
-    command = [sys.executable, "-m", "shoal", "serve", f"--model-repository={repository}",
-               f"--http-port={http}", f"--grpc-port={grpc}", f"--metrics-port={metrics}",
-               "--http-address=127.0.0.1", "--grpc-address=127.0.0.1"]
-    with open(root / "shoal.log", "wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                   cwd=checkout)
-    running = servers.Server("shoal", http, process, root, root / "shoal.log")
-    try:
-        servers.wait_ready(f"http://127.0.0.1:{http}/v2/health/ready", process)
-    except BaseException:
-        running.stop()
-        raise
-    return running, http
-
+    return servers.launch_checkout(checkout, repository, root)
 
 def drive(port: int, model: str, body: tuple[pathlib.Path, list[str]], concurrency: int,
           seconds: float) -> dict[str, Any]:

@@ -87,23 +87,9 @@ def sent_counts(root: pathlib.Path) -> dict[str, int]:
 
 def start(checkout: pathlib.Path, repo: pathlib.Path, root: pathlib.Path, hook: pathlib.Path
           ) -> tuple[servers.Server, int]:
-    http, grpc, metrics = servers.free_port(), servers.free_port(), servers.free_port()
-    env = dict(os.environ, PYTHONPATH=f"{checkout}:{hook}",
-               SHOAL_SEND_COUNTS=str(root / "sent.json"))
-    command = [sys.executable, "-m", "shoal", "serve", f"--model-repository={repo}",
-               f"--http-port={http}", f"--grpc-port={grpc}", f"--metrics-port={metrics}",
-               "--http-address=127.0.0.1", "--grpc-address=127.0.0.1"]
-    with open(root / "shoal.log", "wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                   cwd=checkout)
-    running = servers.Server("shoal", http, process, root, root / "shoal.log")
-    try:
-        servers.wait_ready(f"http://127.0.0.1:{http}/v2/health/ready", process)
-    except BaseException:
-        running.stop()
-        raise
-    return running, http
-
+    """``shoal serve`` from ``checkout`` with the message-counting hook on its path."""
+    return servers.launch_checkout(checkout, repo, root, {
+        "PYTHONPATH": str(hook), "SHOAL_SEND_COUNTS": str(root / "sent.json")})
 
 def drive(port: int, body: tuple[pathlib.Path, list[str]], concurrency: int,
           seconds: float) -> dict[str, Any]:

@@ -145,6 +145,33 @@ def launch_shoal(repo: pathlib.Path, workdir: pathlib.Path, flags: Sequence[str]
     return server
 
 
+def launch_checkout(checkout: pathlib.Path | None, repository: pathlib.Path,
+                    root: pathlib.Path, env: dict[str, str] | None = None
+                    ) -> tuple[Server, int]:
+    """``shoal serve`` of ``repository`` on free loopback ports, run from the source tree
+    ``checkout`` (its PYTHONPATH and working directory; None: this one) with ``env`` added
+    (a PYTHONPATH there is put after the checkout's), logging to ``root/shoal.log``; returns
+    once ready, with its HTTP port. For A/B benches of two trees."""
+    http, grpc, metrics = free_port(), free_port(), free_port()
+    environment = dict(os.environ, **(env or {}))
+    if checkout is not None:
+        extra = (env or {}).get("PYTHONPATH")
+        environment["PYTHONPATH"] = f"{checkout}:{extra}" if extra else str(checkout)
+    command = [sys.executable, "-m", "shoal", "serve", f"--model-repository={repository}",
+               f"--http-port={http}", f"--grpc-port={grpc}", f"--metrics-port={metrics}",
+               "--http-address=127.0.0.1", "--grpc-address=127.0.0.1"]
+    with open(root / "shoal.log", "wb") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                   env=environment, cwd=checkout)
+    running = Server("shoal", http, process, root, root / "shoal.log")
+    try:
+        wait_ready(f"http://127.0.0.1:{http}/v2/health/ready", process)
+    except BaseException:
+        running.stop()
+        raise
+    return running, http
+
+
 def start_mlserver(workdir: pathlib.Path, venv: pathlib.Path, delay_us: int,
                    realistic: pathlib.Path | None = None) -> Server:
     """MLServer 1.7.1 with adaptive batching (max_batch_size 32, max_batch_time = shoal's delay)
