@@ -18,12 +18,10 @@ import argparse
 import json
 import os
 import pathlib
-import subprocess
-import sys
 import tempfile
 from typing import Any
 
-from bench import servers
+from bench import loadgen, servers
 from bench.http_large_bench import cpu_seconds
 from bench.run import bodies
 
@@ -36,16 +34,7 @@ def start(checkout: pathlib.Path | None, root: pathlib.Path) -> tuple[servers.Se
 
 def drive(port: int, body: tuple[pathlib.Path, list[str]], concurrency: int,
           seconds: float) -> dict[str, Any]:
-    headers = [arg for header in body[1] for arg in ("--header", header)]
-    out = subprocess.run(
-        [sys.executable, "-m", "bench.loadgen", "--port", str(port),
-         "--path", "/v2/models/mlp/infer", "--body-file", str(body[0]), *headers,
-         "--concurrency", str(concurrency), "--seconds", str(seconds)],
-        capture_output=True, text=True, check=True,
-        cwd=pathlib.Path(__file__).resolve().parent.parent)
-    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
-    return result
-
+    return loadgen.in_subprocess(port, "/v2/models/mlp/infer", body, concurrency, seconds)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

@@ -23,13 +23,11 @@ import argparse
 import json
 import os
 import pathlib
-import subprocess
-import sys
 import tempfile
 import threading
 from typing import Any
 
-from bench import realistic, servers
+from bench import loadgen, realistic, servers
 from bench.http_large_bench import cpu_seconds
 from bench.run import bodies
 
@@ -44,15 +42,7 @@ def start(checkout: pathlib.Path, repository: pathlib.Path,
 
 def drive(port: int, model: str, body: tuple[pathlib.Path, list[str]], concurrency: int,
           seconds: float) -> dict[str, Any]:
-    headers = [arg for header in body[1] for arg in ("--header", header)]
-    out = subprocess.run(
-        [sys.executable, "-m", "bench.loadgen", "--port", str(port),
-         "--path", f"/v2/models/{model}/infer", "--body-file", str(body[0]), *headers,
-         "--concurrency", str(concurrency), "--seconds", str(seconds)],
-        capture_output=True, text=True, check=True, cwd=ROOT)
-    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
-    return result
-
+    return loadgen.in_subprocess(port, f"/v2/models/{model}/infer", body, concurrency, seconds)
 
 def drive_all(ports: dict[str, int], model: str, body: tuple[pathlib.Path, list[str]],
               concurrency: int, seconds: float) -> dict[str, dict[str, Any]]:

@@ -11,7 +11,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import pathlib
+import subprocess
+import sys
 import time
+from typing import Any
 
 
 def build_request(host: str, path: str, body: bytes, headers: list[str]) -> bytes:
@@ -72,6 +76,21 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
     return {"concurrency": args.concurrency, "requests_per_s": len(latencies) / elapsed,
             "p50_ms": pct(0.50), "p90_ms": pct(0.90), "p99_ms": pct(0.99),
             "errors": len(errors)}
+
+
+def in_subprocess(port: int, path: str, body: tuple[pathlib.Path, list[str]], concurrency: int,
+                  seconds: float) -> dict[str, Any]:
+    """Run this load generator in a process of its own (its own GIL, as a client would be)
+    against ``path`` with ``body`` (the request file and its headers); its result line."""
+    headers = [arg for header in body[1] for arg in ("--header", header)]
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.loadgen", "--port", str(port), "--path", path,
+         "--body-file", str(body[0]), *headers, "--concurrency", str(concurrency),
+         "--seconds", str(seconds)],
+        capture_output=True, text=True, check=True,
+        cwd=pathlib.Path(__file__).resolve().parent.parent)
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
 
 
 def main() -> None:

@@ -24,13 +24,11 @@ import json
 import os
 import pathlib
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from typing import Any
 
-from bench import realistic, servers
+from bench import loadgen, realistic, servers
 from bench.http_large_bench import cpu_seconds
 from bench.run import bodies
 
@@ -93,15 +91,8 @@ def start(checkout: pathlib.Path, repo: pathlib.Path, root: pathlib.Path, hook: 
 
 def drive(port: int, body: tuple[pathlib.Path, list[str]], concurrency: int,
           seconds: float) -> dict[str, Any]:
-    out = subprocess.run(
-        [sys.executable, "-m", "bench.loadgen", "--port", str(port),
-         "--path", f"/v2/models/{realistic.NAME}/infer", "--body-file", str(body[0]),
-         "--concurrency", str(concurrency), "--seconds", str(seconds)],
-        capture_output=True, text=True, check=True,
-        cwd=pathlib.Path(__file__).resolve().parent.parent)
-    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
-    return result
-
+    return loadgen.in_subprocess(port, f"/v2/models/{realistic.NAME}/infer", body,
+                                 concurrency, seconds)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
