@@ -43,12 +43,10 @@ import multiprocessing
 import os
 import pathlib
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any, cast
 
 import numpy as np
@@ -56,21 +54,9 @@ import psutil  # type: ignore[import-untyped]
 import uvloop
 
 from bench import servers
-from bench.shm_bench import MODEL, measure_http, timed, write_repository
+from bench.shm_bench import MODEL, measure_http, timed, timed_spread, write_repository
 
 REPEATS = {1: 30, 16: 15, 64: 9, 256: 5}
-
-
-def timed_spread(call: Callable[[], object], repeat: int, warmup: int = 3) -> tuple[float, float]:
-    """(median, minimum) wall time of ``call`` in ms."""
-    for _ in range(warmup):
-        call()
-    samples = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        call()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples) * 1e3, min(samples) * 1e3
 
 
 def measure_memcpy(x: np.ndarray, repeat: int) -> tuple[float, float]:

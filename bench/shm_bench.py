@@ -114,8 +114,8 @@ def shoal_server(root: pathlib.Path) -> Iterator[tuple[int, int]]:
         server.stop()
 
 
-def timed(call: Callable[[], object], repeat: int, warmup: int = 3) -> float:
-    """Median wall time of ``call`` in ms."""
+def timed_spread(call: Callable[[], object], repeat: int, warmup: int = 3) -> tuple[float, float]:
+    """(median, minimum) wall time of ``call`` in ms."""
     for _ in range(warmup):
         call()
     samples = []
@@ -123,7 +123,12 @@ def timed(call: Callable[[], object], repeat: int, warmup: int = 3) -> float:
         start = time.perf_counter()
         call()
         samples.append(time.perf_counter() - start)
-    return statistics.median(samples) * 1e3
+    return statistics.median(samples) * 1e3, min(samples) * 1e3
+
+
+def timed(call: Callable[[], object], repeat: int, warmup: int = 3) -> float:
+    """Median wall time of ``call`` in ms."""
+    return timed_spread(call, repeat, warmup)[0]
 
 
 def measure_memcpy(x: np.ndarray, repeat: int) -> float:
