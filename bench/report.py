@@ -112,9 +112,7 @@ def realistic_lines(results: dict[str, Any]) -> list[str]:
         "MLServer's default thread behaviour: inference runs in one parallel worker process "
         "(`parallel_workers` 1) and MLServer sets no OMP/torch thread count, so torch there "
         f"runs {real.get('mlserver_torch_threads', '?')} intra-op threads (one per core). "
-        "HTTP cells: bench/loadgen.py (HTTP/1.1 keep-alive, the same pre-encoded bytes for "
-        "both); gRPC cells: bench/grpc_loadgen.py (`ModelInfer` with the tensor in "
-        "raw_input_contents, as tritonclient sends it; the same bytes for both).", "",
+        + _loadgen_text(results.get("loadgen")), "",
         "| transport | clients | shoal req/s | p50 ms | p99 ms | MLServer req/s | p50 ms "
         "| p99 ms | shoal / MLServer | errors |",
         "|---|---|---|---|---|---|---|---|---|---|"]
@@ -126,10 +124,50 @@ def realistic_lines(results: dict[str, Any]) -> list[str]:
               "Targets (issue #16, ratios from this run):", ""]
     lines += [t.line() for t in realistic_targets(shoal, mls, real["inprocess"])]
     lines += _saturation_lines(shoal)
+    lines += _python_loadgen_lines(real.get("python_loadgen"), shoal, mls)
     if real.get("curves"):
         lines += ["", f"![req/s and p99 against concurrency]({real['curves']})", "",
                   f"[`bench/{real['curves']}`]({real['curves']}): req/s and p99 against "
                   "concurrency for each server and transport (solid: shoal, dashed: MLServer)."]
+    return lines
+
+
+def _loadgen_text(tools: dict[str, str] | None) -> str:
+    if not tools:
+        return ("HTTP cells: bench/loadgen.py (HTTP/1.1 keep-alive, the same pre-encoded bytes "
+                "for both); gRPC cells: bench/grpc_loadgen.py (`ModelInfer` with the tensor in "
+                "raw_input_contents, as tritonclient sends it; the same bytes for both).")
+    return (f"HTTP cells: wrk (`{tools['wrk']}`; HTTP/1.1 keep-alive, one connection per "
+            "client, the same pre-encoded bytes for both); gRPC cells: h2load "
+            f"(`{tools['h2load']}`; `ModelInfer` with the tensor in raw_input_contents, as "
+            "tritonclient sends it, the same bytes for both, 64 streams per connection); "
+            "through bench/native_loadgen.py. They cost ~11-17 µs of CPU per request on the "
+            "cores the servers use, where the Python generators cost ~40 (HTTP) and ~160 µs "
+            "(gRPC): the table after the targets gives the c=64 cells with those.")
+
+
+def _python_loadgen_lines(cells: dict[str, dict[str, Any]] | None, shoal: dict[str, Any],
+                          mls: dict[str, Any]) -> list[str]:
+    """The c=64 cells once more with the Python generators, beside the compiled ones."""
+    if not cells:
+        return []
+    lines = ["", "The same c=64 cells driven by the Python generators (bench/loadgen.py, "
+             "bench/grpc_loadgen.py), measured right after the table above: the generator's "
+             "own CPU is taken from the same 2 cores.", "",
+             "| cell | generator | shoal req/s | p99 ms | MLServer req/s | p99 ms | "
+             "shoal / MLServer |", "|---|---|---|---|---|---|---|"]
+    for key in cells.get("shoal", {}):
+        for generator, ours, theirs in (("wrk / h2load", shoal.get(key), mls.get(key)),
+                                        ("Python", cells["shoal"].get(key),
+                                         cells.get("mlserver", {}).get(key))):
+            if ours is None:
+                continue
+            ratio = (f"{ours['requests_per_s'] / theirs['requests_per_s']:.1f}×"
+                     if theirs and theirs["requests_per_s"] else "")
+            lines.append(f"| {key} | {generator} | {ours['requests_per_s']:,.0f} | "
+                         f"{ours['p99_ms']:.1f} | "
+                         + (f"{theirs['requests_per_s']:,.0f} | {theirs['p99_ms']:.1f}"
+                            if theirs else "| ") + f" | {ratio} |")
     return lines
 
 

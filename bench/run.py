@@ -3,13 +3,16 @@
     make bench            # = .venv/bin/python bench/run.py
 
 Starts and stops every server itself, drives each with the same closed-loop generators
-(bench/loadgen.py over HTTP, bench/grpc_loadgen.py over gRPC) and the same request bytes,
-measures the in-process limits, and writes bench/RESULTS.md, the curves
-(bench/serving_curves.png) and bench/out/results.json. Two models: the realistic MLP of
-bench/realistic.py at both servers' defaults (JSON, binary, gRPC at c = 1, 16, 64, 256; the
-issue's targets computed from it) and the tiny example MLP (a few cells: per-request cost).
-Everything runs on this machine; compare the ratios within one run, not absolute numbers
-across runs.
+(wrk over HTTP, h2load over gRPC, through bench/native_loadgen.py; the Python generators
+bench/loadgen.py and bench/grpc_loadgen.py where those are not installed or with
+``--python-loadgen``) and the same request bytes, measures the in-process limits, and
+writes bench/RESULTS.md, the curves (bench/serving_curves.png) and bench/out/results.json.
+Two models: the realistic MLP of bench/realistic.py at both servers' defaults (JSON, binary,
+gRPC at c = 1, 16, 64, 256; the issue's targets computed from it) and the tiny example MLP (a
+few cells: per-request cost). The realistic model's c=64 JSON and gRPC cells run once more
+with the Python generators, so the report shows what the generator's own CPU costs each
+server. Everything runs on this machine; compare the ratios within one run, not absolute
+numbers across runs.
 """
 
 from __future__ import annotations
@@ -26,12 +29,13 @@ from typing import Any
 
 import numpy as np
 
-from bench import curves, grpc_loadgen, loadgen, realistic, report, servers
+from bench import curves, grpc_loadgen, loadgen, native_loadgen, realistic, report, servers
 from bench.inprocess import measure_in_process
 from bench.targets import realistic_targets
 
 WORKLOAD_CONCURRENCY = (1, 16, 64, 256)
 TRANSPORTS = ("json", "binary", "grpc")
+PYTHON_LOADGEN_CELLS = (("json", 64), ("grpc", 64))  # the generator's cost, shown
 TINY_CELLS = (("json", 1), ("json", 64), ("binary", 64))
 CURVES = "serving_curves.png"  # under bench/, linked from RESULTS.md
 
@@ -64,9 +68,17 @@ def bodies(out: pathlib.Path) -> dict[str, tuple[pathlib.Path, list[str]]]:
     }
 
 
+# wrk / h2load when installed (bench/native_loadgen.py says why); main() may turn this off
+NATIVE = {"on": native_loadgen.available()}
+
+
 def drive(port: int, model: str, body: tuple[pathlib.Path, list[str]], concurrency: int,
-          seconds: float) -> dict[str, float]:
-    args = argparse.Namespace(host="127.0.0.1", port=port, path=f"/v2/models/{model}/infer",
+          seconds: float, python: bool = False) -> dict[str, float]:
+    """One closed-loop HTTP cell: wrk, or bench/loadgen.py when ``python`` or wrk is absent."""
+    path = f"/v2/models/{model}/infer"
+    if NATIVE["on"] and not python:
+        return native_loadgen.http(port, path, body, concurrency, seconds)
+    args = argparse.Namespace(host="127.0.0.1", port=port, path=path,
                               body_file=str(body[0]), header=body[1], concurrency=concurrency,
                               seconds=seconds)
     return asyncio.run(loadgen.run(args))
@@ -87,13 +99,18 @@ def shoal_stats(server: servers.Server, model: str) -> dict[str, Any]:
 
 
 def load(server: servers.Server, model: str, encoding: str,
-         request_bodies: dict[str, Any], concurrency: int, seconds: float) -> dict[str, float]:
-    """One closed-loop cell over HTTP (json / binary / identity bodies) or gRPC."""
+         request_bodies: dict[str, Any], concurrency: int, seconds: float,
+         python: bool = False) -> dict[str, float]:
+    """One closed-loop cell over HTTP (json / binary / identity bodies) or gRPC (h2load, or
+    bench/grpc_loadgen.py when ``python`` or h2load is absent)."""
     if encoding == "grpc":
         request = grpc_loadgen.infer_request(model, "INPUT__0", sample_row())
+        if NATIVE["on"] and not python:
+            return native_loadgen.grpc_load(server.extra["grpc"], request, concurrency,
+                                            seconds)
         return asyncio.run(grpc_loadgen.run(server.extra["grpc"], request, concurrency,
                                             seconds))
-    return drive(server.port, model, request_bodies[encoding], concurrency, seconds)
+    return drive(server.port, model, request_bodies[encoding], concurrency, seconds, python)
 
 
 def saturation(server: servers.Server, model: str, encoding: str,
@@ -144,6 +161,21 @@ def run_side_by_side(shoal: servers.Server, mls: servers.Server | None,
     return results["shoal"], results["mlserver"]
 
 
+def python_loadgen_cells(shoal: servers.Server, mls: servers.Server | None,
+                         request_bodies: dict[str, Any], seconds: float
+                         ) -> dict[str, dict[str, Any]]:
+    """The realistic model's PYTHON_LOADGEN_CELLS again with the Python generators (shoal, then
+    MLServer right after): what the generator's own CPU costs each server."""
+    cells: dict[str, dict[str, Any]] = {"shoal": {}, "mlserver": {}}
+    for encoding, c in PYTHON_LOADGEN_CELLS:
+        for server in (s for s in (shoal, mls) if s is not None):
+            cells[server.name][f"{encoding}/c{c}"] = result = dict(load(
+                server, realistic.NAME, encoding, request_bodies, c, seconds, python=True))
+            print(server.name, "python loadgen", f"{encoding}/c{c}", json.dumps(result),
+                  flush=True)
+    return cells
+
+
 def policy_line(server: servers.Server, model: str) -> str:
     """What shoal's thread policy gave ``model`` (its log line, shortened)."""
     for line in server.log.read_text(errors="replace").splitlines():
@@ -182,14 +214,19 @@ def main() -> None:
                         "max_batch_time (the realistic model always uses 1000)")
     parser.add_argument("--mlserver-venv", default=str(servers.BENCH / ".venv-mlserver"))
     parser.add_argument("--skip-mlserver", action="store_true")
+    parser.add_argument("--python-loadgen", action="store_true",
+                        help="drive every cell with bench/loadgen.py and bench/grpc_loadgen.py "
+                        "even where wrk and h2load are installed")
     args = parser.parse_args()
+    NATIVE["on"] = NATIVE["on"] and not args.python_loadgen
 
     out = servers.BENCH / "out"
     request_bodies = bodies(out)
     results: dict[str, Any] = {"delay_us": args.delay_us, "seconds": args.seconds,
                                "machine": report.machine(), "versions": report.versions(args),
                                "load_average": [os.getloadavg()[0]],
-                               "tiny_cells": [f"{e}/c{c}" for e, c in TINY_CELLS]}
+                               "tiny_cells": [f"{e}/c{c}" for e, c in TINY_CELLS],
+                               "loadgen": native_loadgen.describe() if NATIVE["on"] else None}
     with tempfile.TemporaryDirectory(prefix="shoal-bench-") as tmp:
         root = pathlib.Path(tmp)
         model_path = realistic.build(root / "mlp_large.pt")
@@ -212,6 +249,9 @@ def main() -> None:
             real["shoal"], real["mlserver"] = run_side_by_side(
                 shoal, mls, request_bodies, args.seconds,
                 [(realistic.NAME, enc, c) for enc in TRANSPORTS for c in WORKLOAD_CONCURRENCY])
+            if NATIVE["on"]:
+                real["python_loadgen"] = python_loadgen_cells(shoal, mls, request_bodies,
+                                                              args.seconds)
             results["shoal"], results["mlserver"] = run_side_by_side(
                 shoal, mls, request_bodies, args.seconds,
                 [*(("mlp", enc, c) for enc, c in TINY_CELLS), ("identity16", "identity", 1)])
@@ -244,9 +284,10 @@ def main() -> None:
         print(target.line(), flush=True)
     (out / "results.json").write_text(json.dumps(results, indent=2))
     command = "make bench" + ("" if args.seconds == 8.0 and args.soak_seconds == 60.0 and
-                              args.delay_us == 100 else
+                              args.delay_us == 100 and not args.python_loadgen else
                               f" BENCH_ARGS='--seconds {args.seconds} --soak-seconds "
-                              f"{args.soak_seconds} --delay-us {args.delay_us}'")
+                              f"{args.soak_seconds} --delay-us {args.delay_us}"
+                              + (" --python-loadgen'" if args.python_loadgen else "'"))
     report.write_results(results, servers.BENCH / "RESULTS.md", command, platform.node())
     print("wrote bench/RESULTS.md and bench/" + CURVES, flush=True)
 
