@@ -113,13 +113,21 @@ def grpc_load(port: int, request: bytes, concurrency: int, seconds: float,
              "-H", "content-type: application/grpc", "-H", "te: trailers",
              f"http://{host}:{port}{METHOD}"],
             capture_output=True, text=True, check=True).stdout
-        durations, not_ok = [], 0
-        for line in log.read_text().splitlines():
-            _, status, micros = line.split("\t")
-            durations.append(int(micros))
-            not_ok += not status.startswith("2")
-    data_bytes = int(_line(out, "traffic:").split(",")[-1].split("(")[1].split(")")[0])
-    elapsed = float(_line(out, "finished in").split()[2].rstrip("s,"))
+        return h2load_figures(out, log.read_text(), answer_size, concurrency)
+
+
+def h2load_figures(output: str, log: str, answer_size: int, concurrency: int
+                   ) -> dict[str, float]:
+    """h2load's summary ``output`` and ``--log-file`` text (start µs, HTTP status, duration µs
+    per answer) -> the figures; an answer is good if 2xx and the DATA bytes hold one message
+    of ``answer_size`` bytes for it (5-byte gRPC framing each)."""
+    durations, not_ok = [], 0
+    for line in log.splitlines():
+        _, status, micros = line.split("\t")
+        durations.append(int(micros))
+        not_ok += not status.startswith("2")
+    data_bytes = int(_line(output, "traffic:").split(",")[-1].split("(")[1].split(")")[0])
+    elapsed = float(_line(output, "finished in").split()[2].rstrip("s,"))
     answered = len(durations) - not_ok
     with_message = min(answered, round(data_bytes / (5 + answer_size)))
     durations.sort()
