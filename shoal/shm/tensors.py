@@ -52,16 +52,28 @@ def wire_nbytes(array: TensorData, datatype: str) -> int:
     """Bytes ``array`` takes as a tensor of ``datatype`` (BYTES: 4-byte length per element plus
     the element bytes; str elements count as UTF-8)."""
     if datatype != "BYTES":
-        return int(np.asarray(array).size) * _fixed_element_size(datatype)
+        size = array.size if type(array) is np.ndarray else np.asarray(array).size
+        return int(size) * _fixed_element_size(datatype)
     return sum(4 + len(_encode_element(item)) for item in _bytes_elements(array))
 
 
 def write_array(dest: memoryview, array: TensorData, datatype: str) -> int:
     """Copy ``array`` into the start of ``dest`` as a tensor of ``datatype`` (cast if its dtype
     differs) and return the bytes written. Fixed-size types are one ``np.copyto`` into an ndarray
-    view of ``dest``. ValueError if ``dest`` is too small."""
+    view of ``dest`` (a plain memcpy when ``array`` is a C-contiguous ndarray of the datatype's
+    dtype). ValueError if ``dest`` is too small."""
     if datatype == "BYTES":
         return _write_bytes_elements(dest, _bytes_elements(array))
+    if (type(array) is np.ndarray and array.size and array.flags.c_contiguous
+            and dest.format == "B" and dest.ndim == 1 and dest.c_contiguous and not dest.readonly
+            and dtypes.is_datatype(datatype)
+            and array.dtype == dtypes.numpy_dtype(datatype)):
+        # already the tensor's bytes: one memcpy (a fraction of np.copyto's setup per call)
+        nbytes = array.nbytes
+        if nbytes > dest.nbytes:
+            raise ValueError(f"destination holds {dest.nbytes} bytes, the tensor needs {nbytes}")
+        dest[:nbytes] = array.data.cast("B")
+        return nbytes
     source = _fixed_source(array, datatype)
     target_dtype = dtypes.numpy_dtype(datatype)
     nbytes = source.size * target_dtype.itemsize

@@ -51,6 +51,11 @@ class OutputLender:
         self.lent_count += 1
         return view
 
+    @property
+    def has_lent(self) -> bool:
+        """Some slot is lent now (else ``locate`` finds nothing: callers may skip it)."""
+        return bool(self._lent)
+
     def locate(self, array: Any, nbytes: int) -> tuple[Slot, int] | None:
         """The lent slot holding all ``nbytes`` of ``array`` and the array's offset in it."""
         if not self._lent or not isinstance(array, np.ndarray) or array.dtype.hasobject \

@@ -23,6 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from shoal.dtypes import element_size, is_datatype
 from shoal.errors import ErrorCode, ShoalError, invalid_arg
 from shoal.messages import Error, Lease, OutputTarget, RequestedOutput, Result, TensorRef
@@ -48,7 +50,7 @@ class _LeaseEntry:
     lent: list[Slot] = field(default_factory=list)  # lent slots the call's answers reference
 
 
-@dataclass
+@dataclass(slots=True)
 class _Placed:
     """One response's selected outputs with their sizes and client targets."""
 
@@ -57,12 +59,13 @@ class _Placed:
     targets: list[OutputTarget | None]
     parameters: dict[str, str | int | float | bool]
     in_place: list[tuple[Slot, int] | None]  # (lent slot, offset) of outputs written there
+    arena_bytes: int = 0  # bytes to copy into the call's own slot (set by __post_init__)
+    holds_lease: bool = False  # it has arena outputs or references a lent slot
 
-    @property
-    def arena_bytes(self) -> int:
-        """Bytes to copy into the call's own slot."""
-        return sum(_align(n) for n, t, lent in zip(self.sizes, self.targets, self.in_place,
-                                                   strict=True) if t is None and lent is None)
+    def __post_init__(self) -> None:
+        self.arena_bytes = sum(_align(n) for n, t, lent in zip(
+            self.sizes, self.targets, self.in_place, strict=True) if t is None and lent is None)
+        self.holds_lease = self.arena_bytes > 0 or any(lent is not None for lent in self.in_place)
 
     @property
     def fits_inline(self) -> bool:
@@ -70,10 +73,6 @@ class _Placed:
         return (0 < self.arena_bytes <= INLINE_MAX_BYTES
                 and all(t is None for t in self.targets)
                 and all(lent is None for lent in self.in_place))
-
-    @property
-    def holds_lease(self) -> bool:
-        return self.arena_bytes > 0 or any(lent is not None for lent in self.in_place)
 
 
 class OutputWriter:
@@ -167,12 +166,21 @@ class OutputWriter:
         tensors = _select_outputs(response, requested)
         if isinstance(tensors, Error):
             return tensors
-        by_name = {r.name: r.target for r in requested}
-        targets = [by_name.get(t.name) for t in tensors]
+        targets: list[OutputTarget | None]
+        if any(r.target is not None for r in requested):
+            by_name = {r.name: r.target for r in requested}
+            targets = [by_name.get(t.name) for t in tensors]
+        else:
+            targets = [None] * len(tensors)
         tensors = [_for_target(t, target) for t, target in zip(tensors, targets, strict=True)]
         sizes = [_output_nbytes(t.array, t.datatype) for t in tensors]
-        in_place = [self._lender.locate(t.array, n) if self._lender and target is None else None
-                    for t, n, target in zip(tensors, sizes, targets, strict=True)]
+        lender = self._lender
+        in_place: list[tuple[Slot, int] | None]
+        if lender is not None and lender.has_lent:
+            in_place = [lender.locate(t.array, n) if target is None else None
+                        for t, n, target in zip(tensors, sizes, targets, strict=True)]
+        else:
+            in_place = [None] * len(tensors)
         for tensor, size, target in zip(tensors, sizes, targets, strict=True):
             if target is not None and size > target.nbytes:
                 return Error(ErrorCode.INVALID_ARG,
@@ -186,7 +194,7 @@ class OutputWriter:
         refs: list[TensorRef] = []
         for tensor, nbytes, target, lent in zip(placed.tensors, placed.sizes, placed.targets,
                                                 placed.in_place, strict=True):
-            shape = [int(d) for d in tensor.array.shape]
+            shape = list(tensor.array.shape)  # ints (numpy and torch shapes hold ints)
             if lent is not None:  # the backend wrote it into a lent slot: no copy
                 lent_slot, offset = lent
                 refs.append(TensorRef(tensor.name, tensor.datatype, shape, lent_slot.region,
@@ -242,7 +250,7 @@ def _select_outputs(
 def _for_target(tensor: OutputTensor, target: OutputTarget | None) -> OutputTensor:
     """``tensor`` as it is written to ``target``: a torch tensor stays one only for a CUDA
     region (tensor-to-tensor copy); elsewhere it becomes a host array."""
-    if not is_torch_tensor(tensor.array):
+    if type(tensor.array) is np.ndarray or not is_torch_tensor(tensor.array):
         return tensor
     if target is not None and target.cuda is not None and tensor.datatype != "BYTES":
         return tensor
@@ -250,7 +258,7 @@ def _for_target(tensor: OutputTensor, target: OutputTarget | None) -> OutputTens
 
 
 def _output_nbytes(array: Any, datatype: str) -> int:
-    if not is_torch_tensor(array):
+    if type(array) is np.ndarray or not is_torch_tensor(array):
         return wire_nbytes(array, datatype)
     if not is_datatype(datatype) or datatype == "BYTES":
         raise invalid_arg(f"unknown datatype '{datatype}'")

@@ -97,6 +97,7 @@ from shoal.workers.warmup import WarmupResponseSink, build_samples, run_warmup
 logger = logging.getLogger(__name__)
 
 _POLL_MS = 200
+_NONE: frozenset[str] = frozenset()
 
 
 class WorkerProc:
@@ -301,20 +302,25 @@ class WorkerProc:
     def _backend_request(self, req: WorkerRequest, inputs: dict[str, Any]) -> BackendRequest:
         if self.decoupled:
             self.open_requests[req.request_id] = req
+        on_device = [o.name for o in req.outputs
+                     if o.target is not None and o.target.cuda is not None]
         return BackendRequest(
             request_id=req.request_id, inputs=inputs,
-            input_datatypes={name: a_type for name, a_type in self._datatypes(req, inputs)},
+            input_datatypes=self._datatypes(req, inputs),
             requested_outputs=requested_with_states(req), parameters=req.parameters,
             client_request_id=req.client_request_id, batch_size=req.batch_size,
             correlation_id=req.correlation_id, flags=req.flags,
-            device_outputs=frozenset(o.name for o in req.outputs
-                                     if o.target is not None and o.target.cuda is not None))
+            device_outputs=frozenset(on_device) if on_device else _NONE)
 
     @staticmethod
-    def _datatypes(req: WorkerRequest, inputs: dict[str, Any]) -> list[tuple[str, str]]:
+    def _datatypes(req: WorkerRequest, inputs: dict[str, Any]) -> dict[str, str]:
+        """Input name -> wire datatype, in ``inputs``' order: the declared one, else the
+        array's (state inputs)."""
         declared = {ref.name: ref.datatype for ref in req.inputs}
-        return [(name, declared.get(name) or numpy_to_wire(array.dtype))
-                for name, array in inputs.items()]
+        if len(declared) == len(inputs) and all(declared.values()):
+            return declared  # the same names in the same order: inputs maps exactly req.inputs
+        return {name: declared.get(name) or numpy_to_wire(array.dtype)
+                for name, array in inputs.items()}
 
     def _batch_requests(self, batch: Batch) -> tuple[list[BackendRequest], dict[int, Error]]:
         requests: list[BackendRequest] = []

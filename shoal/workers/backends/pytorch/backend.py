@@ -244,7 +244,8 @@ class PytorchBackend:
         if batched and total > self._max_batch:
             raise ShoalError(ErrorCode.INTERNAL, f"batch size {total} for '{self._name}', max "
                                                  f"allowed is {self._max_batch}")
-        values = [self._input_value(spec, [r.inputs[spec.name] for r in batch], total)
+        shared: list[Array] = []  # zero-copy input views: the memory an output must not alias
+        values = [self._input_value(spec, [r.inputs[spec.name] for r in batch], total, shared)
                   for spec in self._inputs + self._sequence_inputs]
         source_shapes: list[dict[str, tuple[int, ...]]] = []
         if self._ragged.active:
@@ -253,8 +254,6 @@ class PytorchBackend:
             values += [self._assemble([array], datatype) for _, datatype, array
                        in self._ragged.extra_inputs(source_shapes)]
         outputs = self._forward(values)
-        sources = [array for request in batch for array in request.inputs.values()
-                   if isinstance(array, np.ndarray)]
         on_device = torch_device.device_output_names(self._device, batch,
                                                      self._ragged.scatter_outputs)
         pieces: dict[str, list[Array]] = {}
@@ -265,7 +264,7 @@ class PytorchBackend:
                                  f"The output {spec.name} in the model configuration refers to "
                                  "an output index which doesn't exist. This model has "
                                  f"{len(outputs)} outputs")
-            array = self._output_array(spec, outputs[position], sources, spec.name in on_device)
+            array = self._output_array(spec, outputs[position], shared, spec.name in on_device)
             scatter = self._ragged.scatter_outputs.get(spec.name)
             if scatter is not None:
                 parts = self._ragged.split_output(
@@ -288,7 +287,8 @@ class PytorchBackend:
                                          for spec in self._outputs])
                 for k in range(len(batch))]
 
-    def _input_value(self, spec: IoSpec, arrays: list[Array], total: int) -> Any:
+    def _input_value(self, spec: IoSpec, arrays: list[Array], total: int,
+                     shared: list[Array]) -> Any:
         ragged = spec.name in self._ragged.ragged_inputs
         if ragged:
             arrays = self._ragged_arrays(arrays)
@@ -296,7 +296,7 @@ class PytorchBackend:
             flat = np.concatenate([a.reshape(-1) for a in arrays])
             return [x.decode("utf-8", "replace") if isinstance(x, bytes) else str(x)
                     for x in flat.tolist()]
-        tensor = self._assemble(arrays, spec.datatype)
+        tensor = self._assemble(arrays, spec.datatype, shared)
         if spec.reshape is not None and not ragged:
             prefix = (total,) if self._max_batch > 0 else ()
             tensor = tensor.reshape(prefix + spec.reshape)
@@ -314,16 +314,22 @@ class PytorchBackend:
             out = self._workspace.take_numpy(arrays[0].dtype, shape)
         return [pad_ragged(arrays, out=out)]
 
-    def _assemble(self, arrays: list[Any], datatype: str) -> Any:
+    def _assemble(self, arrays: list[Any], datatype: str, shared: list[Array] | None = None
+                  ) -> Any:
         """One tensor on the instance's device holding the rows of ``arrays`` (numpy arrays
-        and/or torch tensors) in order."""
+        and/or torch tensors) in order. A zero-copy view of the arrays' own (request) memory is
+        appended to ``shared``; a copy (into the workspace or onto the device) is not."""
         torch = self._torch
         assert self._workspace is not None
-        if self._device.type != "cpu" or any(is_torch_tensor(a) for a in arrays):
+        if self._device.type != "cpu" or any(
+                type(a) is not np.ndarray and is_torch_tensor(a) for a in arrays):
             return torch_device.assemble_on_device(torch, arrays, datatype, self._device,
                                                    self._workspace)
         joined = adjacent_view(arrays)
-        if joined is None:
+        if joined is not None:
+            if shared is not None:
+                shared.append(joined)
+        else:
             shape = (sum(int(a.shape[0]) for a in arrays), *arrays[0].shape[1:])
             joined = concat_rows(arrays, out=self._workspace.take_numpy(arrays[0].dtype, shape))
         tensor = torch.from_numpy(joined)
