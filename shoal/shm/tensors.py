@@ -6,6 +6,7 @@ carried as uint16 bit patterns; BYTES elements use the 4-byte little-endian leng
 
 from __future__ import annotations
 
+import math
 import struct
 from collections.abc import Sequence
 
@@ -16,6 +17,7 @@ from shoal import dtypes
 from shoal.errors import invalid_arg
 
 _LENGTH = struct.Struct("<I")
+_FIXED_DTYPES = {name: dtypes.numpy_dtype(name) for name in dtypes.DATATYPES if name != "BYTES"}
 
 # an ndarray, or anything numpy accepts; BYTES tensors also take sequences of bytes/str
 TensorData = npt.ArrayLike | Sequence[object]
@@ -35,10 +37,14 @@ def array_from_buffer(buf: memoryview, datatype: str, shape: Sequence[int]) -> n
     """The tensor in ``buf`` as an ndarray: a zero-copy view for fixed-size types (BF16 -> uint16
     bit patterns; read-only if ``buf`` is), an object array of ``bytes`` for BYTES. INVALID_ARG
     when ``buf`` does not hold exactly that tensor."""
-    dims = [int(d) for d in shape]
+    dims = list(map(int, shape))
     if datatype == "BYTES":
         _element_count(dims)
         return dtypes.bytes_to_object_array(buf, dims)
+    dtype = _FIXED_DTYPES.get(datatype)
+    if dtype is not None and buf.nbytes == math.prod(dims) * dtype.itemsize and min(
+            dims, default=0) >= 0:  # the common case, checked without tensor_nbytes' calls
+        return np.frombuffer(buf, dtype=dtype).reshape(dims)
     expected = tensor_nbytes(datatype, dims)
     if buf.nbytes != expected:
         raise invalid_arg(

@@ -59,13 +59,8 @@ class _Placed:
     targets: list[OutputTarget | None]
     parameters: dict[str, str | int | float | bool]
     in_place: list[tuple[Slot, int] | None]  # (lent slot, offset) of outputs written there
-    arena_bytes: int = 0  # bytes to copy into the call's own slot (set by __post_init__)
-    holds_lease: bool = False  # it has arena outputs or references a lent slot
-
-    def __post_init__(self) -> None:
-        self.arena_bytes = sum(_align(n) for n, t, lent in zip(
-            self.sizes, self.targets, self.in_place, strict=True) if t is None and lent is None)
-        self.holds_lease = self.arena_bytes > 0 or any(lent is not None for lent in self.in_place)
+    arena_bytes: int  # bytes to copy into the call's own slot (aligned sizes)
+    holds_lease: bool  # it has arena outputs or references a lent slot
 
     @property
     def fits_inline(self) -> bool:
@@ -166,28 +161,30 @@ class OutputWriter:
         tensors = _select_outputs(response, requested)
         if isinstance(tensors, Error):
             return tensors
-        targets: list[OutputTarget | None]
-        if any(r.target is not None for r in requested):
-            by_name = {r.name: r.target for r in requested}
-            targets = [by_name.get(t.name) for t in tensors]
-        else:
-            targets = [None] * len(tensors)
+        lender = self._lender
+        if not any(r.target is not None for r in requested) and (
+                lender is None or not lender.has_lent):  # the common case: all to the arena
+            tensors = [_for_target(t, None) for t in tensors]
+            sizes = [_output_nbytes(t.array, t.datatype) for t in tensors]
+            arena_bytes = sum(_align(n) for n in sizes)
+            return _Placed(tensors, sizes, [None] * len(tensors), dict(response.parameters),
+                           [None] * len(tensors), arena_bytes, arena_bytes > 0)
+        by_name = {r.name: r.target for r in requested}
+        targets = [by_name.get(t.name) for t in tensors]
         tensors = [_for_target(t, target) for t, target in zip(tensors, targets, strict=True)]
         sizes = [_output_nbytes(t.array, t.datatype) for t in tensors]
-        lender = self._lender
-        in_place: list[tuple[Slot, int] | None]
-        if lender is not None and lender.has_lent:
-            in_place = [lender.locate(t.array, n) if target is None else None
-                        for t, n, target in zip(tensors, sizes, targets, strict=True)]
-        else:
-            in_place = [None] * len(tensors)
+        in_place = [lender.locate(t.array, n) if lender is not None and target is None else None
+                    for t, n, target in zip(tensors, sizes, targets, strict=True)]
         for tensor, size, target in zip(tensors, sizes, targets, strict=True):
             if target is not None and size > target.nbytes:
                 return Error(ErrorCode.INVALID_ARG,
                              f"shared memory size specified with the request for output "
                              f"'{tensor.name}' ({target.nbytes} bytes) should be at least "
                              f"{size} bytes to hold the results")
-        return _Placed(tensors, sizes, targets, dict(response.parameters), in_place)
+        arena_bytes = sum(_align(n) for n, t, lent in zip(sizes, targets, in_place, strict=True)
+                          if t is None and lent is None)
+        return _Placed(tensors, sizes, targets, dict(response.parameters), in_place, arena_bytes,
+                       arena_bytes > 0 or any(lent is not None for lent in in_place))
 
     def _write(self, placed: _Placed, slot: Slot | None, position: int
                ) -> tuple[list[TensorRef], int]:
