@@ -5,7 +5,12 @@ are parsed by ``wire.parse_infer_request`` (large raw inputs stay views of the r
 and their answers are the bytes ``wire.serialize_infer_response`` built (or an in-band error
 message), so tensor bytes are not copied by protobuf.
 
-Registered as grpc's generated code registers them: a generic handler and registered methods.
+Registered as one generic handler only, not also as registered methods as grpc's generated code
+does: grpc.aio's server keeps one pending request task per registered method (20 here) and waits
+on all of them with ``asyncio.wait`` for every call it accepts, which cost ~3.5x the Python calls
+per ModelInfer of the generic-only server (measured in a bare grpc.aio server: 498 vs 140 profiler
+events per call). Clients see no difference: the method names, the handlers and grpc's
+UNIMPLEMENTED for unknown methods are the same.
 """
 
 from __future__ import annotations
@@ -48,6 +53,6 @@ def method_handlers(servicer: object) -> dict[str, Any]:
 
 
 def add_inference_service(servicer: object, server: Any) -> None:
+    """Serve ``servicer``'s RPCs on ``server`` (a generic handler; see the module's note)."""
     handlers = method_handlers(servicer)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
-    server.add_registered_method_handlers(SERVICE, handlers)
