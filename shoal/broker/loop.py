@@ -202,15 +202,18 @@ class BrokerLoop:
     # ------------------------------------------------------------------ frontends
 
     def on_frontend_message(self, identity: bytes, message: Message) -> None:
+        """Inference requests are only queued here: the tick at the end of this loop pass
+        dispatches every model version, so the requests read in one pass meet in the batcher
+        and it plans once per pass instead of once per request."""
         now = time.monotonic()
         if isinstance(message, InferRequest):
-            self.submit(identity, message, now)
+            self.enqueue(identity, message, now)
         elif isinstance(message, InferRequestBatch):
-            if message.releases:  # first: a batch dispatched below may carry them
+            if message.releases:  # first: a batch dispatched this pass may carry them
                 self.frontends.returned(identity, message.releases)
                 self.forward_releases(message.releases)
             for request in message.requests:
-                self.submit(identity, request, now)
+                self.enqueue(identity, request, now)
         elif isinstance(message, ReleaseLeases):
             self.frontends.returned(identity, message.leases)
             self.forward_releases(message.leases)
@@ -256,16 +259,25 @@ class BrokerLoop:
             if handle.state not in (WorkerState.STOPPING, WorkerState.DEAD))
 
     def submit(self, identity: bytes, request: InferRequest, now: float) -> None:
+        """Queue a request and dispatch at once (an ensemble's steps: no tick follows them)."""
+        runtime = self.enqueue(identity, request, now)
+        if runtime is not None:
+            self.dispatch(runtime, now)
+
+    def enqueue(self, identity: bytes, request: InferRequest, now: float
+                ) -> ModelVersionRuntime | None:
+        """Queue a request without dispatching; returns the model version whose queue it joined
+        (None: it was answered at once, or an ensemble run took it)."""
         runtime = self.models.runtime(request.model, request.version)
         if runtime is None or self.stopping or not runtime.serving():
             reason = ("Server exiting" if self.stopping else
                       f"model '{request.model}' version {request.version} is not available")
             self.answer(identity, InferResponse(
                 request.request_id, error=Error(ErrorCode.UNAVAILABLE, reason)))
-            return
+            return None
         if runtime.ensemble is not None:
             self.ensembles.start(identity, request, runtime, now)
-            return
+            return None
         key: RequestKey = (identity, request.request_id)
         queued = runtime.queued(key, identity, request, now)
         if runtime.sequence is not None:
@@ -275,8 +287,8 @@ class BrokerLoop:
         if rejection is not None:
             self.finish_error(runtime, key, Error(rejection.code, rejection.message),
                               "REJECTED", now)
-            return
-        self.dispatch(runtime, now)
+            return None
+        return runtime
 
     def cancel(self, identity: bytes, request_id: int, now: float) -> None:
         """Queued: dropped at once (never reaches a batch). Running: the worker is told, the

@@ -135,6 +135,45 @@ def _validate(config: DynamicBatcherConfig) -> None:
             )
 
 
+@dataclass(slots=True)
+class _Walk:
+    """GetDynamicBatch's walk over the queue in service order (see the module docstring), which
+    does not depend on the clock: ``count`` requests of ``rows`` rows fit, the best prefix is
+    ``best_count`` requests (0: none), ``oldest`` is their earliest arrival, and ``stopped`` says
+    the walk stopped before the queue's end. ``changes``: the queue's change counter it is
+    current for. A request appended at the end of the service order extends it (``step``)."""
+
+    changes: int
+    signature: object = None
+    rows: int = 0
+    count: int = 0
+    best_count: int = 0
+    stopped: bool = False
+    oldest: float = float("inf")
+
+    def step(self, request: QueuedRequest, max_rows: int, max_preferred: int,
+             preferred: frozenset[int]) -> None:
+        """Walk on to the next request in service order (no-op once stopped)."""
+        if self.stopped:
+            return
+        rows = self.rows
+        request_rows = request.rows
+        if self.count == 0:
+            self.signature = request.shape_signature
+        else:
+            if self.best_count == 0 and rows + request_rows > max_preferred:
+                self.best_count = self.count
+            if rows + request_rows > max_rows or request.shape_signature != self.signature:
+                self.stopped = True
+                return
+        self.rows = rows = rows + request_rows
+        self.count += 1
+        if request.arrival < self.oldest:
+            self.oldest = request.arrival
+        if rows in preferred:
+            self.best_count = self.count
+
+
 @dataclass(frozen=True, slots=True)
 class _Plan:
     """What ``next_batch`` would do now: send the first ``send_count`` queued requests, or
@@ -166,11 +205,20 @@ class DynamicBatcher:
         self._timed_out: list[Rejection] = []
         self._arrivals = (ArrivalEstimate(self._delay_s)
                           if config.adaptive_delay and self._delay_s > 0 else None)
+        # the walk of the current queue, kept between calls: under load the broker asks for a
+        # plan several times per loop pass and the queue holds up to a batch or more
+        self._walk = _Walk(changes=-1)
 
     def submit(self, request: QueuedRequest, now: float) -> Rejection | None:
         if self._arrivals is not None:
             self._arrivals.observe(now, request.in_flight)
-        return self._queue.enqueue(request)
+        walk, queue = self._walk, self._queue
+        current = walk.changes == queue.changes
+        rejection = queue.enqueue(request)
+        if current and rejection is None and queue.last() is request:
+            walk.step(request, self._max_batch_rows, self._max_preferred, self._preferred)
+            walk.changes = queue.changes
+        return rejection
 
     def next_batch(self, now: float) -> list[QueuedRequest] | None:
         self._timed_out.extend(self._queue.apply_timeouts(now))
@@ -206,34 +254,24 @@ class DynamicBatcher:
     def pending_rows(self) -> int:
         return self._queue.rows
 
+    def _current_walk(self) -> _Walk:
+        walk = self._walk
+        if walk.changes != self._queue.changes:
+            walk = self._walk = _Walk(changes=self._queue.changes)
+            for request in self._queue:
+                walk.step(request, self._max_batch_rows, self._max_preferred, self._preferred)
+                if walk.stopped:
+                    break
+        return walk
+
     def _plan(self, now: float) -> _Plan:
         """GetDynamicBatch for an idle instance (an empty payload). See the module docstring."""
-        rows = 0
-        count = 0
-        best_count = 0  # requests in the best prefix; 0 = none found
-        stopped_early = False
-        signature: object = None
-        oldest = float("inf")
-        for request in self._queue:
-            if count == 0:
-                signature = request.shape_signature
-            else:
-                if best_count == 0 and rows + request.rows > self._max_preferred:
-                    best_count = count
-                if (
-                    rows + request.rows > self._max_batch_rows
-                    or request.shape_signature != signature
-                ):
-                    stopped_early = True
-                    break
-            rows += request.rows
-            count += 1
-            oldest = min(oldest, request.arrival)
-            if rows in self._preferred:
-                best_count = count
+        walk = self._current_walk()
+        count, rows, best_count, stopped_early = (walk.count, walk.rows, walk.best_count,
+                                                  walk.stopped)
         if count == 0:
             return _Plan(0)
-        delay_deadline = oldest + self._delay_s
+        delay_deadline = walk.oldest + self._delay_s
         delay_passed = self._delay_s > 0 and now >= delay_deadline
         if best_count and not delay_passed:
             return _Plan(best_count)

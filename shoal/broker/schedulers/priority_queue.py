@@ -91,6 +91,9 @@ class PriorityQueue:
         self._seq = 0
         self._deadlines: list[tuple[float, int, _Entry]] = []
         self._timed_count = 0  # entries whose deadline is not None
+        # bumped by every change to the queue's contents or order: a reader's cached view of it
+        # (the dynamic batcher's walk) is current while this is unchanged
+        self.changes = 0
 
     def __len__(self) -> int:
         return len(self._by_key)
@@ -108,6 +111,13 @@ class PriorityQueue:
     def rows(self) -> int:
         return self._rows
 
+    def last(self) -> QueuedRequest | None:
+        """The last queued request in service order (None: the queue is empty)."""
+        if not self._level_order:
+            return None
+        level = self._levels[self._level_order[-1]]
+        return (level.delayed or level.active)[-1].request
+
     def level_of(self, priority: int) -> int:
         """Triton's InferenceRequest::SetPriority: 0 or out of range -> the default level."""
         if priority <= 0 or priority > self._priority_levels:
@@ -120,16 +130,19 @@ class PriorityQueue:
         level_number = self.level_of(request.priority)
         level = self._levels.get(level_number)
         policy = level.policy if level is not None else self._policy_of(level_number)
-        current_size = level.size() if level is not None else 0
-        if policy.max_queue_size and current_size >= policy.max_queue_size:
+        if policy.max_queue_size and (level.size() if level is not None else 0
+                                      ) >= policy.max_queue_size:
             return queue_full(request)
         if level is None:
             level = self._levels[level_number] = _Level(policy)
             bisect.insort(self._level_order, level_number)
-        timeout_us = policy.timeout_us_for(request.timeout_us)
+        # no default timeout: no request can set one (timeout_us_for)
+        timeout_us = (policy.timeout_us_for(request.timeout_us) if policy.default_timeout_us
+                      else 0)
         deadline = request.arrival + timeout_us / 1e6 if timeout_us else None
         entry = _Entry(request, level_number, self._seq, deadline)
         self._seq += 1
+        self.changes += 1
         level.active.append(entry)
         self._by_key[request.key] = entry
         self._rows += request.rows
@@ -147,6 +160,9 @@ class PriorityQueue:
             _, _, entry = heapq.heappop(self._deadlines)
             if entry.deadline is not None:
                 expired.append(entry)
+        if not expired:
+            return []
+        self.changes += 1
         expired.sort(key=lambda e: e.seq)
         rejections: list[Rejection] = []
         for entry in expired:
@@ -170,18 +186,30 @@ class PriorityQueue:
     def pop_front(self, count: int) -> list[QueuedRequest]:
         """Remove and return the first ``count`` requests in service order."""
         taken: list[QueuedRequest] = []
-        while len(taken) < count and self._level_order:
-            level = self._levels[self._level_order[0]]
-            entry = level.active.popleft() if level.active else level.delayed.popleft()
-            self._clear_deadline(entry)
-            self._forget(entry)
-            taken.append(entry.request)
+        self.changes += 1
+        by_key = self._by_key
+        while count > 0 and self._level_order:
+            level_number = self._level_order[0]
+            level = self._levels[level_number]
+            while count > 0 and (level.active or level.delayed):
+                entry = level.active.popleft() if level.active else level.delayed.popleft()
+                if entry.deadline is not None:
+                    self._clear_deadline(entry)
+                request = entry.request
+                del by_key[request.key]
+                self._rows -= request.rows
+                taken.append(request)
+                count -= 1
+            if not level.active and not level.delayed:  # as _forget: empty levels are erased
+                del self._levels[level_number]
+                self._level_order.remove(level_number)
         return taken
 
     def remove(self, key: RequestKey) -> QueuedRequest | None:
         entry = self._by_key.get(key)
         if entry is None:
             return None
+        self.changes += 1
         level = self._levels[entry.level]
         (level.delayed if entry.delayed else level.active).remove(entry)
         self._clear_deadline(entry)
@@ -190,6 +218,7 @@ class PriorityQueue:
 
     def drain(self) -> list[QueuedRequest]:
         drained = list(self)
+        self.changes += 1
         self._levels.clear()
         self._level_order.clear()
         self._by_key.clear()
