@@ -23,6 +23,7 @@ def batch_outcomes(runtime: ModelVersionRuntime, keys: list[RequestKey], message
     rows = sum(runtime.requests[k].request.batch_size for k in keys if k in runtime.requests)
     runtime.stats.record_execution(rows, len(keys), message.timings)
     outcomes: list[Outcome] = []
+    succeeded: list[int] = []  # durations, recorded at once
     for key in keys:
         pending = runtime.requests.get(key)
         exec_id = pending.exec_id if pending is not None else 0
@@ -47,10 +48,11 @@ def batch_outcomes(runtime: ModelVersionRuntime, keys: list[RequestKey], message
         else:
             response = InferResponse(key[1], runtime.version, result.outputs, result.parameters,
                                      None, message.lease)
-            runtime.stats.record_success(elapsed)
+            succeeded.append(elapsed)
         if pending.trace is not None:
             response = with_stamps(response, pending)
         outcomes.append((key, pending.frontend, response))
+    runtime.stats.record_successes(succeeded)
     return outcomes
 
 

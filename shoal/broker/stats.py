@@ -52,6 +52,14 @@ class _Histogram:
         # bucket i holds durations in (bound[i-1], bound[i]] µs
         self.counts[bisect.bisect_left(LATENCY_BUCKET_BOUNDS_US, -(-ns // 1000))] += count
 
+    def add_each(self, durations: list[int]) -> None:
+        """``add(ns)`` for each of ``durations`` (one call per batch instead of per request)."""
+        if not self.counts:
+            self.counts = [0] * (len(LATENCY_BUCKET_BOUNDS_US) + 1)
+        counts, bounds, bucket = self.counts, LATENCY_BUCKET_BOUNDS_US, bisect.bisect_left
+        for ns in durations:
+            counts[bucket(bounds, -(-ns // 1000))] += 1
+
     def frozen(self) -> LatencyHistogram:
         return LatencyHistogram(list(self.counts))
 
@@ -131,9 +139,21 @@ class ModelVersionStats:
         self.queue.add(ns)
         self.queue_latency.add(ns)
 
+    def record_queues(self, durations: list[int]) -> None:
+        """``record_queue`` for each of a batch's requests."""
+        if durations:
+            self.queue.add(sum(durations), len(durations))
+            self.queue_latency.add_each(durations)
+
     def record_success(self, ns: int) -> None:
         self.success.add(ns)
         self.request_latency.add(ns)
+
+    def record_successes(self, durations: list[int]) -> None:
+        """``record_success`` for each of a batch's requests."""
+        if durations:
+            self.success.add(sum(durations), len(durations))
+            self.request_latency.add_each(durations)
 
     def record_first_response(self, ns: int) -> None:
         """A decoupled request's first response (or its end, if it had none) ``ns`` after its

@@ -51,3 +51,16 @@ def test_compute_parts_and_first_responses_have_their_own_histograms() -> None:
     assert _bucket(snap.compute_output_latency.counts) == [LATENCY_BUCKET_BOUNDS_US.index(20)] * 2
     assert (snap.first_response.count, snap.first_response.ns) == (1, 150 * 10**6)
     assert sum(snap.first_response_latency.counts) == 1
+
+
+def test_a_batch_of_durations_counts_as_each_one_of_them() -> None:
+    one_by_one, at_once = ModelVersionStats("m", 1), ModelVersionStats("m", 1)
+    durations = [10_000, 10_001, 3 * 10**6, 200 * 10**9]
+    for ns in durations:
+        one_by_one.record_queue(ns)
+        one_by_one.record_success(ns)
+    at_once.record_queues(durations)
+    at_once.record_successes(durations)
+    at_once.record_queues([])
+    at_once.record_successes([])
+    assert at_once.snapshot(0) == one_by_one.snapshot(0)

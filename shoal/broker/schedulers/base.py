@@ -35,9 +35,11 @@ QUEUE_FULL_MESSAGE: Final = "Exceeds maximum queue size"
 TIMEOUT_MESSAGE: Final = "Request timeout expired"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class QueuedRequest:
     """What a scheduler needs to know about one inference request; the tensors stay elsewhere.
+    Immutable by contract (``dataclasses.replace`` makes a changed copy), not ``frozen``: the
+    broker builds one per request and a frozen dataclass costs several times as much to build.
 
     ``batch_size``: rows along the batch dimension (1 for a model without batching).
     ``arrival``: broker clock, seconds; the queue delay and the queue timeout count from it.

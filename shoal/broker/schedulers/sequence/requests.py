@@ -22,7 +22,7 @@ _MAX_UINT64: Final = (1 << 64) - 1
 BACKLOG_TIMEOUT_MESSAGE: Final = "timeout of the corresponding sequence has been expired"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SequenceRequest(QueuedRequest):
     """A QueuedRequest with its sequence fields (``InferRequest.correlation_id`` / ``flags``).
     ``timeout_us`` applies only while the request's sequence waits in the backlog (Triton);
