@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from shoal.dtypes import element_size, is_datatype
+from shoal.dtypes import DATATYPES, element_size, is_datatype, numpy_dtype
 from shoal.errors import ErrorCode, ShoalError, invalid_arg
 from shoal.messages import Error, Lease, OutputTarget, RequestedOutput, Result, TensorRef
 from shoal.shm.arena import Arena, Slot
@@ -37,6 +37,8 @@ from shoal.workers.output_lending import OutputLender
 
 _ALIGN = 64
 INLINE_MAX_BYTES = 512  # a streamed response this small (arena bytes, aligned) rides inline
+# the numpy dtype an output array must already have to be copied byte for byte (_write_plain)
+_PLAIN_DTYPES = {name: numpy_dtype(name) for name in DATATYPES if name != "BYTES"}
 
 
 def _align(n: int) -> int:
@@ -103,6 +105,9 @@ class OutputWriter:
         responses: list[BackendResponse | Error],
     ) -> tuple[list[Result], Lease | None]:
         """Copy a batch's responses out; returns one Result per request and the shared lease."""
+        plain = self._write_plain(request_ids, requested, responses)
+        if plain is not None:
+            return plain
         placed = [self._place(resp, req) if isinstance(resp, BackendResponse) else resp
                   for resp, req in zip(responses, requested, strict=True)]
         holders = [p for p in placed if isinstance(p, _Placed) and p.holds_lease]
@@ -122,6 +127,60 @@ class OutputWriter:
                 results.append(Result(request_id, error=Error(exc.code, exc.message)))
                 continue
             results.append(Result(request_id, outputs=refs, parameters=entry.parameters))
+        return results, lease
+
+    def _write_plain(
+        self,
+        request_ids: list[int],
+        requested: list[list[RequestedOutput]],
+        responses: list[BackendResponse | Error],
+    ) -> tuple[list[Result], Lease | None] | None:
+        """``write_results`` of the common batch, in one pass with no per-response _Placed:
+        every selected output is a non-empty C-contiguous ndarray already of its datatype's
+        dtype, bound for this arena (no client target, nothing lent). The same Results, lease
+        and slot layout as the general path. None, having done nothing, for any other batch."""
+        if self._lender is not None and self._lender.has_lent:
+            return None
+        plans: list[list[OutputTensor] | Error] = []
+        total = holders = 0
+        for response, wanted in zip(responses, requested, strict=True):
+            if isinstance(response, Error):
+                plans.append(response)
+                continue
+            if any(r.target is not None for r in wanted):
+                return None
+            tensors = _select_outputs(response, wanted)
+            if isinstance(tensors, Error):
+                plans.append(tensors)
+                continue
+            for tensor in tensors:
+                array = tensor.array
+                if (type(array) is not np.ndarray or not array.size
+                        or not array.flags.c_contiguous
+                        or array.dtype != _PLAIN_DTYPES.get(tensor.datatype)):
+                    return None
+                total += _align(array.nbytes)
+            holders += 1 if tensors else 0
+            plans.append(tensors)
+        slot, lease = self._lease(total, holders, [])
+        results: list[Result] = []
+        position = 0
+        for request_id, plan, response in zip(request_ids, plans, responses, strict=True):
+            if isinstance(plan, Error):
+                results.append(Result(request_id, error=plan))
+                continue
+            refs: list[TensorRef] = []
+            for tensor in plan:
+                assert slot is not None
+                array = tensor.array
+                nbytes = array.nbytes
+                slot.view[position:position + nbytes] = array.data.cast("B")
+                refs.append(TensorRef(tensor.name, tensor.datatype, list(array.shape),
+                                      slot.region, slot.offset + position, nbytes))
+                position += _align(nbytes)
+            assert isinstance(response, BackendResponse)
+            results.append(Result(request_id, outputs=refs,
+                                  parameters=dict(response.parameters)))
         return results, lease
 
     def write_one(self, requested: list[RequestedOutput], response: BackendResponse

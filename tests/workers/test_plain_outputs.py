@@ -1,0 +1,120 @@
+"""OutputWriter.write_results' one-pass path for the common batch (every output a C-contiguous
+ndarray of its datatype's dtype, bound for the arena) gives exactly what the general path gives:
+the same Results (refs, parameters, errors), the same lease and the same bytes in the slot; and
+batches it does not cover go the general way."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from shoal.errors import ErrorCode
+from shoal.messages import Error, Lease, OutputTarget, RequestedOutput, Result
+from shoal.shm.arena import Arena
+from shoal.shm.client_regions import ClientRegions
+from shoal.workers.backends.base import BackendResponse, OutputTensor
+from shoal.workers.device_regions import DeviceRegions, LazyCudaIpc
+from shoal.workers.output_lending import OutputLender
+from shoal.workers.outputs import OutputWriter
+
+from .test_output_lending import arena_view
+
+
+@pytest.fixture
+def writers(shm_prefix: str) -> Iterator[tuple[Arena, OutputWriter, Arena, OutputWriter]]:
+    """Two writers on two arenas: the first as built, the second forced the general way."""
+    plain_arena = Arena(shm_prefix + "p-", 1 << 16, 1 << 20)
+    general_arena = Arena(shm_prefix + "g-", 1 << 16, 1 << 20)
+    plain = OutputWriter("w", plain_arena, ClientRegions(), DeviceRegions(LazyCudaIpc()),
+                         OutputLender(plain_arena))
+    general = OutputWriter("w", general_arena, ClientRegions(), DeviceRegions(LazyCudaIpc()),
+                           OutputLender(general_arena))
+    general._write_plain = lambda *args: None  # type: ignore[method-assign]
+    yield plain_arena, plain, general_arena, general
+    plain_arena.close()
+    general_arena.close()
+
+
+def _batch() -> tuple[list[int], list[list[RequestedOutput]], list[BackendResponse | Error]]:
+    batch = np.arange(30, dtype=np.float32).reshape(5, 6)
+    responses: list[BackendResponse | Error] = [
+        BackendResponse([OutputTensor("Y", "FP32", batch[0:1]),
+                         OutputTensor("I", "INT64", np.array([[3, -4]], np.int64))],
+                        {"p": 1, "q": "x"}),
+        Error(ErrorCode.INVALID_ARG, "failed before the writer"),
+        BackendResponse([OutputTensor("Y", "FP32", batch[1:3]),
+                         OutputTensor("B", "BOOL", np.array([True, False, True]))]),
+        BackendResponse([OutputTensor("Y", "FP32", batch[3:4])]),  # asks for a missing one
+        BackendResponse([OutputTensor("H", "BF16", np.array([1, 2, 3], np.uint16)),
+                         OutputTensor("Y", "FP32", batch[4:5])]),
+        BackendResponse([]),
+    ]
+    requested = [[], [], [RequestedOutput("B"), RequestedOutput("Y")], [RequestedOutput("Z")],
+                 [RequestedOutput("Y")], []]
+    return [11, 12, 13, 14, 15, 16], requested, responses
+
+
+def _contents(arena: Arena, results: list[Result]) -> list[list[bytes]]:
+    return [[bytes(arena_view(arena, ref.region, ref.offset, ref.nbytes)) for ref in r.outputs]
+            for r in results]
+
+
+def _without_names(results: list[Result], lease: Lease | None
+                   ) -> tuple[list[Result], int | None]:
+    """Results and lease id with the region names (which differ between the two arenas) left
+    out."""
+    import msgspec
+
+    return ([msgspec.structs.replace(r, outputs=[msgspec.structs.replace(ref, region="")
+                                                for ref in r.outputs]) for r in results],
+            None if lease is None else lease.lease_id)
+
+
+def test_the_plain_path_answers_exactly_as_the_general_path(
+        writers: tuple[Arena, OutputWriter, Arena, OutputWriter]) -> None:
+    plain_arena, plain, general_arena, general = writers
+    request_ids, requested, responses = _batch()
+    got = plain.write_results(request_ids, requested, responses)
+    expected = general.write_results(request_ids, requested, responses)
+    assert _without_names(*got) == _without_names(*expected)
+    assert _contents(plain_arena, got[0]) == _contents(general_arena, expected[0])
+    assert plain_arena.used_bytes == general_arena.used_bytes > 0
+    assert [r.error is not None for r in got[0]] == [False, True, False, True, False, False]
+    assert got[0][2].outputs[0].name == "B" and got[0][2].outputs[1].name == "Y"
+    assert got[0][0].parameters == {"p": 1, "q": "x"}
+    # three responses hold the lease (those with arena outputs): freed at the third release
+    assert got[1] is not None
+    for _ in range(2):
+        plain.release(got[1].lease_id)
+    assert plain_arena.used_bytes > 0
+    plain.release(got[1].lease_id)
+    assert plain_arena.used_bytes == 0
+
+
+@pytest.mark.parametrize("odd", ["strided", "other dtype", "empty", "target"])
+def test_batches_the_plain_path_does_not_cover_are_still_answered(
+        writers: tuple[Arena, OutputWriter, Arena, OutputWriter], odd: str) -> None:
+    plain_arena, plain, general_arena, general = writers
+    request_ids, requested, responses = _batch()
+    request_ids, requested, responses = request_ids[:1], requested[:1], responses[:1]
+    array = np.arange(12, dtype=np.float32).reshape(3, 4)
+    if odd == "strided":
+        extra = OutputTensor("S", "FP32", array[:, ::2])
+    elif odd == "other dtype":
+        extra = OutputTensor("S", "FP32", np.arange(4, dtype=np.float64))
+    elif odd == "empty":
+        extra = OutputTensor("S", "FP32", np.zeros((0, 4), np.float32))
+    else:  # a client region that does not exist: the general path's error for that response
+        extra = OutputTensor("S", "FP32", array)
+        requested = [[RequestedOutput("S", target=OutputTarget("/no-such-region", 0, 64))]]
+    first = responses[0]
+    assert isinstance(first, BackendResponse)
+    responses = [BackendResponse([*first.outputs, extra], first.parameters)]
+    got = plain.write_results(request_ids, requested, responses)
+    expected = general.write_results(request_ids, requested, responses)
+    assert _without_names(*got) == _without_names(*expected)
+    assert _contents(plain_arena, got[0]) == _contents(general_arena, expected[0])
+    if odd == "other dtype":  # cast to the datatype, as write_array does
+        assert got[0][0].outputs[-1].nbytes == 16
