@@ -7,10 +7,11 @@ message), so tensor bytes are not copied by protobuf.
 
 Registered as one generic handler only, not also as registered methods as grpc's generated code
 does: grpc.aio's server keeps one pending request task per registered method (20 here) and waits
-on all of them with ``asyncio.wait`` for every call it accepts, which cost ~3.5x the Python calls
-per ModelInfer of the generic-only server (measured in a bare grpc.aio server: 498 vs 140 profiler
-events per call). Clients see no difference: the method names, the handlers and grpc's
-UNIMPLEMENTED for unknown methods are the same.
+on all of them with ``asyncio.wait`` for every call it accepts (Python profiler events per
+ModelInfer on the frontend's main thread: ~935 with them, ~590 without; the CPU per request
+moved less than a paired A/B resolves, ~3%: bench/RESULTS.md "Round three: gRPC frontend").
+Clients see no difference: the method names, the handlers and grpc's UNIMPLEMENTED for unknown
+methods are the same.
 """
 
 from __future__ import annotations
