@@ -32,6 +32,14 @@ def concat_rows(arrays: Sequence[Array], out: Array | None = None) -> Array:
     view = adjacent_view(arrays)
     if view is not None:
         return view
+    return copy_rows(arrays, out)
+
+
+def copy_rows(arrays: Sequence[Array], out: Array | None = None) -> Array:
+    """``concat_rows`` without trying the zero-copy view: always one copy (into ``out``, which
+    must have the concatenated shape and the common dtype, or into a new array)."""
+    if not arrays:
+        raise ValueError("copy_rows needs at least one array")
     first = arrays[0]
     trailing = first.shape[1:]
     for array in arrays[1:]:

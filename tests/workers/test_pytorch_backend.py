@@ -116,6 +116,7 @@ def test_three_requests_of_different_batch_sizes_are_batched_and_split(
 def test_adjacent_request_slices_are_used_in_place(
         mlp: tuple[PytorchBackend, torch.nn.Module]) -> None:
     backend, module = mlp
+    backend.zero_copy_min_bytes = 0  # the rows of large requests (these are 16 bytes)
     whole = np.random.default_rng(1).standard_normal((6, 4), dtype=np.float32)
     parts = [whole[0:1], whole[1:3], whole[3:6]]
     results = backend.execute([make_request(i, {"INPUT__0": p}, batch_size=p.shape[0])
@@ -124,6 +125,19 @@ def test_adjacent_request_slices_are_used_in_place(
     np.testing.assert_allclose(np.concatenate([ok(r)["OUTPUT__0"] for r in results]),
                                expected, rtol=1e-5, atol=1e-6)
     assert backend._workspace is not None and backend._workspace.used_bytes == 0
+
+
+def test_small_adjacent_request_slices_are_copied_rather_than_proven_adjacent(
+        mlp: tuple[PytorchBackend, torch.nn.Module]) -> None:
+    backend, module = mlp
+    assert backend.zero_copy_min_bytes > 16  # copying 16-byte rows is cheaper than checking
+    whole = np.random.default_rng(1).standard_normal((6, 4), dtype=np.float32)
+    parts = [whole[0:1], whole[1:3], whole[3:6]]
+    results = backend.execute([make_request(i, {"INPUT__0": p}, batch_size=p.shape[0])
+                               for i, p in enumerate(parts)])
+    np.testing.assert_allclose(np.concatenate([ok(r)["OUTPUT__0"] for r in results]),
+                               reference(module, whole), rtol=1e-5, atol=1e-6)
+    assert backend._workspace is not None and backend._workspace.used_bytes >= whole.nbytes
 
 
 def test_batch_dimension_mismatch_is_an_error_for_that_request(
