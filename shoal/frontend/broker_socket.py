@@ -29,6 +29,9 @@ logger = logging.getLogger(__name__)
 
 DRAIN_BATCH: Final = 256  # messages handled per wake-up before other callbacks get a turn
 RETRY_S: Final = 0.001
+# plain ints: ``events & zmq.POLLIN`` goes through IntFlag's Python ``__and__`` (~0.6 µs a check)
+_EVENTS: Final = int(zmq.EVENTS)
+_POLLIN: Final = int(zmq.POLLIN)
 
 
 class BrokerSocket:
@@ -112,7 +115,7 @@ class BrokerSocket:
             return
         socket, on_frames = self._socket, self._on_frames
         for _ in range(DRAIN_BATCH):
-            if self._closed or not cast(int, socket.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+            if self._closed or not cast(int, socket.getsockopt(_EVENTS)) & _POLLIN:
                 return
             try:
                 frames = socket.recv_multipart(flags=zmq.NOBLOCK)
