@@ -99,6 +99,7 @@ class BrokerLoop:
         self.stopping = False
         self.health_checked_at = time.monotonic()
         self.lifecycle_due = 0.0  # 0: run the lifecycle on the next pass
+        self.wake_by: float | None = None  # set by settle(); None: settle before polling
         self.lifecycle_deadline: float | None = None  # its next deadline, as of its last run
         self.ensembles = EnsembleDriver(self.submit, self.answer, self.forward_releases,
                                         self.cancel)
@@ -133,14 +134,11 @@ class BrokerLoop:
         self.workers.stop_instances(runtime.instances, kill)
 
     def poll_once(self) -> None:
-        # Dispatch and compute the sleep from the same instant: a scheduler reports no deadline
-        # when its batch is ready now, so anything that became ready since the last dispatch
-        # must be sent before we sleep (else it would wait for the next message or _MAX_WAIT_S).
-        now = time.monotonic()
-        self.tick(now)
-        self.flush_answers()
-        self.flush_releases()  # before sleeping: only executing workers' releases stay held
-        timeout = self.next_timeout(now)
+        """One pass: wait for a message or the settled deadline, handle what came, settle."""
+        if self.wake_by is None:  # first pass, or something ran outside a pass since
+            self.settle(time.monotonic())
+            assert self.wake_by is not None
+        timeout = max(0.0, self.wake_by - time.monotonic())
         # zmq polls in whole milliseconds: a sub-millisecond wait (a batcher's µs queue delay)
         # polls without blocking until it is due, instead of rounding up to a full millisecond.
         timeout_ms = math.ceil(timeout * 1000) if timeout >= 0.001 else 0
@@ -157,11 +155,22 @@ class BrokerLoop:
             elif (exited := self.workers.exited(sock)) is not None:
                 self.on_worker_exit(exited)
         self.check_health(time.monotonic())  # after reading: heartbeats waiting are counted
-        self.tick(time.monotonic())
-        self.flush_answers()
-        self.flush_releases()
+        self.settle(time.monotonic())
 
-    def next_timeout(self, now: float) -> float:
+    def settle(self, now: float) -> None:
+        """End of a pass: run what is due at ``now``, send what that produced, and set
+        ``wake_by`` from the same instant (a scheduler reports no deadline when its batch is
+        ready now, so anything that became ready since the last dispatch must be sent before
+        the loop sleeps, else it would wait for the next message or _MAX_WAIT_S). The next pass
+        polls right after this, so it does not settle again first (that was one more tick per
+        pass, with nothing new to do)."""
+        self.tick(now)
+        self.flush_answers()
+        self.flush_releases()  # before sleeping: only executing workers' releases stay held
+        self.wake_by = self.next_deadline(now)
+
+    def next_deadline(self, now: float) -> float:
+        """When the loop must wake at the latest, as of ``now`` (monotonic seconds)."""
         deadline = now + _MAX_WAIT_S
         if self.lifecycle_deadline is not None:
             deadline = min(deadline, self.lifecycle_deadline)
@@ -173,7 +182,7 @@ class BrokerLoop:
             for slot in runtime.instances:
                 if slot.restart_at is not None:
                     deadline = min(deadline, slot.restart_at)
-        return max(0.0, deadline - now)
+        return deadline
 
     def tick(self, now: float) -> None:
         for runtime in self.models.runtimes():
@@ -639,6 +648,7 @@ class BrokerLoop:
         if self.stopping:
             return
         self.stopping = self.frontends.stopping = True
+        self.wake_by = None  # called between passes: the next one settles first
         self.lifecycle.shutdown()
         now = time.monotonic()
         for runtime in self.models.runtimes():
