@@ -286,9 +286,14 @@ class PytorchBackend:
                 raise ShoalError(ErrorCode.INTERNAL,
                                  f"output '{spec.name}' has shape {list(array.shape)}, expected "
                                  f"batch dimension {total}")
-            pieces[spec.name] = [reshape_output(spec, part, (size,))
-                                 for part, size in zip(split_rows(array, sizes), sizes,
-                                                       strict=True)]
+            parts = split_rows(array, sizes)
+            pieces[spec.name] = parts if spec.reshape is None else [
+                reshape_output(spec, part, (size,))
+                for part, size in zip(parts, sizes, strict=True)]
+        if len(self._outputs) == 1:  # the common model: one output, one list of pieces
+            name, datatype = self._outputs[0].name, self._outputs[0].datatype
+            return [BackendResponse([OutputTensor(name, datatype, part)])
+                    for part in pieces[name]]
         return [BackendResponse(outputs=[OutputTensor(spec.name, spec.datatype,
                                                       pieces[spec.name][k])
                                          for spec in self._outputs])
