@@ -31,6 +31,7 @@ from shoal.broker.pool import WorkerHandle, WorkerState, reap, restart_delay, sp
 from shoal.broker.rate_limiter import RateLimiter
 from shoal.broker.rate_limiter.placement import placed_needs
 from shoal.broker.schedulers.base import RequestKey
+from shoal.broker.short_wait import wait_briefly
 from shoal.broker.trace_stamps import with_stamps
 from shoal.broker.worker_link import CONTROL_SUFFIX, WorkerEntry, WorkerLink
 from shoal.errors import ErrorCode, ShoalError
@@ -140,8 +141,12 @@ class BrokerLoop:
             assert self.wake_by is not None
         timeout = max(0.0, self.wake_by - time.monotonic())
         # zmq polls in whole milliseconds: a sub-millisecond wait (a batcher's µs queue delay)
-        # polls without blocking until it is due, instead of rounding up to a full millisecond.
+        # sleeps in select() instead (short_wait.py), then polls without blocking; rounding it up
+        # to a full millisecond would make the batch late.
         timeout_ms = math.ceil(timeout * 1000) if timeout >= 0.001 else 0
+        if 0 < timeout < 0.001:
+            wait_briefly((self.frontends.socket, self.workers.socket),
+                         (self.lifecycle.wake_fd, *self.workers.pidfds()), timeout)
         for sock, _ in self.poller.poll(timeout_ms):
             if sock is self.frontends.socket:
                 for identity, message in self.frontends.receive():

@@ -49,6 +49,10 @@ class WorkerLink:
             self._by_pidfd.pop(pidfd, None)
         return entry
 
+    def pidfds(self) -> list[int]:
+        """The pidfds registered with the loop's poller."""
+        return list(self._by_pidfd)
+
     def exited(self, polled: object) -> str | None:
         """The identity of the worker whose pidfd ``polled`` is, if it is one."""
         return self._by_pidfd.get(polled) if isinstance(polled, int) else None
