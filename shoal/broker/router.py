@@ -11,6 +11,8 @@ from shoal.messages import Message, UnknownMessage, decode
 
 logger = logging.getLogger(__name__)
 
+_POLLIN = int(zmq.POLLIN)  # a plain int: ``int & zmq.POLLIN`` builds a Flag (~0.7 us)
+
 
 def bind_router(context: zmq.Context[zmq.Socket[bytes]], endpoint: str) -> zmq.Socket[bytes]:
     """A ROUTER bound to ``endpoint`` that raises on sends to a gone peer (ROUTER_MANDATORY)."""
@@ -37,5 +39,5 @@ def drain_router(socket: zmq.Socket[bytes], peers: str) -> Iterator[tuple[bytes,
         else:
             yield frames[0], message
         events = socket.get(zmq.EVENTS)
-        if not (isinstance(events, int) and events & zmq.POLLIN):
+        if not (isinstance(events, int) and events & _POLLIN):
             return

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 import zmq
 
 _FD_SETSIZE = 1024
+_POLLIN = int(zmq.POLLIN)  # a plain int: ``int & zmq.POLLIN`` builds a Flag (~0.7 us)
 
 
 def wait_briefly(sockets: Sequence[zmq.Socket[bytes]], fds: Sequence[int],
@@ -28,7 +29,7 @@ def wait_briefly(sockets: Sequence[zmq.Socket[bytes]], fds: Sequence[int],
     watched = list(fds)
     for socket in sockets:
         events = socket.get(zmq.EVENTS)
-        if isinstance(events, int) and events & zmq.POLLIN:
+        if isinstance(events, int) and events & _POLLIN:
             return True  # a message waits: no sleep
         fd = socket.get(zmq.FD)
         if not isinstance(fd, int):
