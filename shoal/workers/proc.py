@@ -109,7 +109,8 @@ class WorkerProc:
         self.socket = self._connect("")
         self.stream_socket = self._connect("#s")
         self.control_socket = self._connect("#c")
-        self.inputs = RegionCache(settings.segment_prefix)
+        self.segment_prefix = settings.segment_prefix  # a property that formats a string
+        self.inputs = RegionCache(self.segment_prefix)
         self.client_regions = ClientRegions()
         self.arena = Arena(spec.arena_prefix, settings.shm_segment_bytes,
                            settings.shm_arena_max_bytes)
@@ -224,7 +225,7 @@ class WorkerProc:
             return self.device_regions.input_value(ref, self.backend, self.device)
         if ref.inline is not None:  # an ensemble step's input from a small streamed answer
             view = memoryview(bytearray(ref.inline))
-        elif ref.region.startswith(self.settings.segment_prefix):
+        elif ref.region.startswith(self.segment_prefix):
             view = self.inputs.view(ref.region, ref.offset, ref.nbytes, readonly=False)
         else:
             view = self.client_regions.view(ref.region, ref.offset, ref.nbytes, ref.name)
