@@ -40,10 +40,13 @@ _NUMPY: Final[dict[str, np.dtype[np.generic]]] = {
     "BF16": np.dtype("<u2"),
 }
 
-# element size in bytes; BYTES has none (variable)
-_ELEMENT_SIZE: Final[dict[str, int]] = {
-    k: v.itemsize for k, v in _NUMPY.items() if k != "BYTES"
+# the fixed-size datatypes' numpy dtypes (every datatype but BYTES)
+FIXED_NUMPY: Final[dict[str, np.dtype[np.generic]]] = {
+    k: v for k, v in _NUMPY.items() if k != "BYTES"
 }
+
+# element size in bytes; BYTES has none (variable)
+_ELEMENT_SIZE: Final[dict[str, int]] = {k: v.itemsize for k, v in FIXED_NUMPY.items()}
 
 
 def is_datatype(name: str) -> bool:

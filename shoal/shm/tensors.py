@@ -17,7 +17,6 @@ from shoal import dtypes
 from shoal.errors import invalid_arg
 
 _LENGTH = struct.Struct("<I")
-_FIXED_DTYPES = {name: dtypes.numpy_dtype(name) for name in dtypes.DATATYPES if name != "BYTES"}
 
 # an ndarray, or anything numpy accepts; BYTES tensors also take sequences of bytes/str
 TensorData = npt.ArrayLike | Sequence[object]
@@ -41,7 +40,7 @@ def array_from_buffer(buf: memoryview, datatype: str, shape: Sequence[int]) -> n
     if datatype == "BYTES":
         _element_count(dims)
         return dtypes.bytes_to_object_array(buf, dims)
-    dtype = _FIXED_DTYPES.get(datatype)
+    dtype = dtypes.FIXED_NUMPY.get(datatype)
     if dtype is not None and buf.nbytes == math.prod(dims) * dtype.itemsize and min(
             dims, default=0) >= 0:  # the common case, checked without tensor_nbytes' calls
         return np.frombuffer(buf, dtype=dtype).reshape(dims)
@@ -70,10 +69,10 @@ def write_array(dest: memoryview, array: TensorData, datatype: str) -> int:
     dtype). ValueError if ``dest`` is too small."""
     if datatype == "BYTES":
         return _write_bytes_elements(dest, _bytes_elements(array))
-    if (type(array) is np.ndarray and array.size and array.flags.c_contiguous
-            and dest.format == "B" and dest.ndim == 1 and dest.c_contiguous and not dest.readonly
-            and dtypes.is_datatype(datatype)
-            and array.dtype == dtypes.numpy_dtype(datatype)):
+    fixed = dtypes.FIXED_NUMPY.get(datatype)  # None: unknown (and dtype == None means float64)
+    if (fixed is not None and type(array) is np.ndarray and array.size
+            and array.flags.c_contiguous and array.dtype == fixed
+            and dest.format == "B" and dest.ndim == 1 and dest.c_contiguous and not dest.readonly):
         # already the tensor's bytes: one memcpy (a fraction of np.copyto's setup per call)
         nbytes = array.nbytes
         if nbytes > dest.nbytes:

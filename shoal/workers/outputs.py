@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from shoal.dtypes import DATATYPES, element_size, is_datatype, numpy_dtype
+from shoal.dtypes import FIXED_NUMPY, element_size, is_datatype
 from shoal.errors import ErrorCode, ShoalError, invalid_arg
 from shoal.messages import Error, Lease, OutputTarget, RequestedOutput, Result, TensorRef
 from shoal.shm.arena import Arena, Slot
@@ -37,8 +37,6 @@ from shoal.workers.output_lending import OutputLender
 
 _ALIGN = 64
 INLINE_MAX_BYTES = 512  # a streamed response this small (arena bytes, aligned) rides inline
-# the numpy dtype an output array must already have to be copied byte for byte (_write_plain)
-_PLAIN_DTYPES = {name: numpy_dtype(name) for name in DATATYPES if name != "BYTES"}
 
 
 def _align(n: int) -> int:
@@ -155,9 +153,9 @@ class OutputWriter:
                 continue
             for tensor in tensors:
                 array = tensor.array
-                if (type(array) is not np.ndarray or not array.size
-                        or not array.flags.c_contiguous
-                        or array.dtype != _PLAIN_DTYPES.get(tensor.datatype)):
+                fixed = FIXED_NUMPY.get(tensor.datatype)  # None != float64 is False in numpy
+                if (fixed is None or type(array) is not np.ndarray or not array.size
+                        or not array.flags.c_contiguous or array.dtype != fixed):
                     return None
                 total += _align(array.nbytes)
             holders += 1 if tensors else 0

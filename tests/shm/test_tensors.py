@@ -121,3 +121,9 @@ def test_empty_tensors() -> None:
     assert array_from_buffer(memoryview(b""), "FP32", [0, 5]).shape == (0, 5)
     assert array_from_buffer(memoryview(b""), "BYTES", [0]).shape == (0,)
     assert write_array(memoryview(bytearray(0)), np.zeros((0, 3), np.int8), "INT8") == 0
+
+
+def test_write_array_refuses_an_unknown_datatype_for_a_float64_array() -> None:
+    # numpy's ``dtype == None`` is True for float64: the memcpy path must not take it as known
+    with pytest.raises(ShoalError, match="FP128"):
+        write_array(memoryview(bytearray(64)), np.arange(4, dtype=np.float64), "FP128")

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from shoal.errors import ErrorCode
+from shoal.errors import ErrorCode, ShoalError
 from shoal.messages import Error, Lease, OutputTarget, RequestedOutput, Result
 from shoal.shm.arena import Arena
 from shoal.shm.client_regions import ClientRegions
@@ -118,3 +118,19 @@ def test_batches_the_plain_path_does_not_cover_are_still_answered(
     assert _contents(plain_arena, got[0]) == _contents(general_arena, expected[0])
     if odd == "other dtype":  # cast to the datatype, as write_array does
         assert got[0][0].outputs[-1].nbytes == 16
+
+
+def test_an_unknown_datatype_is_refused_as_by_the_general_path(
+        writers: tuple[Arena, OutputWriter, Arena, OutputWriter]) -> None:
+    # a float64 array: numpy's ``dtype == None`` is True for float64, so the plain path must
+    # not compare the array's dtype with the lookup of an unknown name
+    _, plain, _, general = writers
+    responses: list[BackendResponse | Error] = [
+        BackendResponse([OutputTensor("S", "FP128", np.arange(4, dtype=np.float64))])]
+    outcomes = []
+    for writer in (plain, general):
+        with pytest.raises(ShoalError) as raised:
+            writer.write_results([1], [[]], responses)
+        outcomes.append((raised.value.code, raised.value.message))
+    assert outcomes[0] == outcomes[1]
+    assert "FP128" in outcomes[0][1]
