@@ -16,7 +16,7 @@ import pathlib
 import tempfile
 
 from bench import grpc_loadgen, native_loadgen, realistic, servers
-from bench.http_large_bench import cpu_seconds
+from bench.http_large_bench import cpu_seconds, cpu_us_per_request
 from bench.run import bodies, sample_row
 
 
@@ -52,13 +52,11 @@ def main() -> None:
                     result = native_loadgen.http(port, path, request_bodies[args.kind],
                                                  args.concurrency, args.seconds)
                 after = cpu_seconds(server)
-                answered = max(1.0, result["requests_per_s"] * args.seconds)
                 print(json.dumps({
                     "kind": args.kind, "round": round_index,
                     "requests_per_s": round(result["requests_per_s"]),
                     "p99_ms": round(result["p99_ms"], 1), "errors": result["errors"],
-                    **{f"cpu_us_{role}": round((after[role] - before[role]) / answered * 1e6, 1)
-                       for role in after},
+                    **cpu_us_per_request(before, after, result["requests_per_s"], args.seconds),
                     "load": round(os.getloadavg()[0], 1)}), flush=True)
         finally:
             server.stop()

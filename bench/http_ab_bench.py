@@ -22,7 +22,7 @@ import tempfile
 from typing import Any
 
 from bench import loadgen, servers
-from bench.http_large_bench import cpu_seconds
+from bench.http_large_bench import cpu_seconds, cpu_us_per_request
 from bench.run import bodies
 
 REPOSITORY = pathlib.Path(__file__).resolve().parent.parent / "examples" / "model_repository"
@@ -56,13 +56,12 @@ def main() -> None:
                         before = cpu_seconds(running)
                         result = drive(port, request_bodies[kind], concurrency, args.seconds)
                         after = cpu_seconds(running)
-                        answered = max(1.0, result["requests_per_s"] * args.seconds)
                         row = {"tree": tree, "round": round_index, "kind": kind,
                                "concurrency": concurrency, "load": os.getloadavg()[0],
                                **{key: result[key] for key in
-                                  ("requests_per_s", "p50_ms", "p99_ms", "errors")}}
-                        for role in before:
-                            row[f"cpu_us_{role}"] = (after[role] - before[role]) / answered * 1e6
+                                  ("requests_per_s", "p50_ms", "p99_ms", "errors")},
+                               **cpu_us_per_request(before, after, result["requests_per_s"],
+                                                    args.seconds)}
                         print(json.dumps(row), flush=True)
                 finally:
                     running.stop()

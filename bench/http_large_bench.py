@@ -153,6 +153,15 @@ def cpu_seconds(running: servers.Server) -> dict[str, float]:
     return used
 
 
+def cpu_us_per_request(before: dict[str, float], after: dict[str, float], requests_per_s: float,
+                       seconds: float) -> dict[str, float]:
+    """``cpu_us_<role>``: CPU µs per answered request of each role between two ``cpu_seconds``
+    readings taken around a cell of ``seconds`` that answered ``requests_per_s``."""
+    answered = max(1.0, requests_per_s * seconds)
+    return {f"cpu_us_{role}": round((after[role] - before[role]) / answered * 1e6, 1)
+            for role in after}
+
+
 def measure_raw(port: int, running: servers.Server, x: np.ndarray,
                 repeat: int) -> dict[str, float]:
     """Median round trip (ms) and each server process's CPU ms per request: CPU time is what

@@ -28,7 +28,7 @@ import threading
 from typing import Any
 
 from bench import loadgen, realistic, servers
-from bench.http_large_bench import cpu_seconds
+from bench.http_large_bench import cpu_seconds, cpu_us_per_request
 from bench.run import bodies
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -97,11 +97,10 @@ def main() -> None:
                                            "load": round(os.getloadavg()[0], 1)}
                     for tree, (server, _) in running.items():
                         after = cpu_seconds(server)
-                        answered = max(1.0, results[tree]["requests_per_s"] * args.seconds)
-                        row[tree] = {"requests_per_s": round(results[tree]["requests_per_s"]),
-                                     **{f"cpu_us_{role}": round((after[role] - before[tree][role])
-                                                                / answered * 1e6, 1)
-                                        for role in after}}
+                        rate = results[tree]["requests_per_s"]
+                        row[tree] = {"requests_per_s": round(rate),
+                                     **cpu_us_per_request(before[tree], after, rate,
+                                                          args.seconds)}
                     print(json.dumps(row), flush=True)
         finally:
             for server, _ in running.values():

@@ -29,7 +29,7 @@ import time
 from typing import Any
 
 from bench import loadgen, realistic, servers
-from bench.http_large_bench import cpu_seconds
+from bench.http_large_bench import cpu_seconds, cpu_us_per_request
 from bench.run import bodies
 
 CELLS = (("json", 64), ("json", 1))
@@ -128,9 +128,9 @@ def main() -> None:
                         row = {"tree": tree, "round": round_index, "kind": kind,
                                "concurrency": concurrency, "load": os.getloadavg()[0],
                                **{key: result[key] for key in
-                                  ("requests_per_s", "p50_ms", "p99_ms", "errors")}}
-                        for role in before:
-                            row[f"cpu_us_{role}"] = (after[role] - before[role]) / answered * 1e6
+                                  ("requests_per_s", "p50_ms", "p99_ms", "errors")},
+                               **cpu_us_per_request(before, after, result["requests_per_s"],
+                                                    args.seconds)}
                         for role, kinds in KINDS.items():
                             for name in kinds:
                                 key = f"{role}:{name}"
