@@ -1,0 +1,216 @@
+"""Compiled float32 CPU kernels for the LLM decoding step (``cpu_kernels.c``).
+
+At the few rows of a decoding step, a Llama layer in plain torch is ~25 dispatched ops of
+3-80 µs each around its four matrix products, and the attention of one query row per sequence
+is two batched products of tiny matrices. These kernels do the same arithmetic in one call each:
+RMSNorm, the residual sum fused with the next RMSNorm, rotary embeddings in place, SwiGLU's
+``silu(gate) * up``, and decode attention over the kept keys/values (``decode_copy.py``) with the
+new tokens' keys and values written first. The matrix products stay with torch (MKL).
+
+Built at first use with the system C compiler (``$CC``, else ``cc`` or ``gcc``;
+``-O3 -march=native``) into ``$SHOAL_KERNEL_CACHE`` (default ``~/.cache/shoal/kernels``), one
+file per source, flags and CPU, written under a temporary name and renamed into place, so
+concurrent workers never load a half-written file. Without a compiler, on a failed build, or
+with ``SHOAL_LLM_CPU_KERNELS=0``, ``cpu_kernels()`` is None and the models run their torch ops
+(the same results to float32 rounding; the oracle tests run both).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("cpu_kernels.c")
+# -ffp-contract stays GCC's default (fast: FMAs), but shoal_rotary turns it off for itself;
+# -fno-strict-aliasing: exp_inplace reads floats' bits as int32
+FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fno-math-errno",
+         "-fno-trapping-math", "-fno-strict-aliasing", "-shared", "-fPIC")
+ENABLE_ENV = "SHOAL_LLM_CPU_KERNELS"
+CACHE_ENV = "SHOAL_KERNEL_CACHE"
+MAX_HEAD_DIM = 512  # cpu_kernels.c MAX_DIM
+
+_i64 = ctypes.c_int64
+_ptr = ctypes.c_void_p
+_f32 = ctypes.c_float
+
+
+def _cpu_identity() -> str:
+    """What ``-march=native`` depends on: the CPU's model and feature flags."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or platform.machine()
+    lines = [line for line in text.splitlines()
+             if line.startswith(("model name", "flags", "Features", "CPU part"))]
+    return "\n".join(sorted(set(lines)))
+
+
+def _cache_dir() -> Path:
+    configured = os.environ.get(CACHE_ENV)
+    if configured:
+        return Path(configured)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "shoal" / "kernels"
+
+
+def _build(compiler: str) -> Path:
+    """The compiled library's path, building it when the cache lacks it."""
+    source = SOURCE.read_bytes()
+    key = hashlib.sha256(b"\0".join([source, " ".join(FLAGS).encode(), compiler.encode(),
+                                     _cpu_identity().encode()])).hexdigest()[:20]
+    directory = _cache_dir()
+    target = directory / f"cpu_kernels-{key}.so"
+    if target.exists():
+        return target
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    handle, partial = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=directory)
+    os.close(handle)
+    try:
+        subprocess.run([compiler, *FLAGS, "-o", partial, str(SOURCE), "-lm"], check=True,
+                       capture_output=True, timeout=120)
+        os.replace(partial, target)
+        for stale in directory.glob("cpu_kernels-*.so"):  # builds of earlier sources or CPUs
+            if stale != target:
+                stale.unlink(missing_ok=True)  # a process that loaded it keeps its mapping
+    finally:
+        if os.path.exists(partial):
+            os.unlink(partial)
+    return target
+
+
+class CpuKernels:
+    """Tensor-level calls of the compiled kernels. Every tensor is float32 on the CPU; the
+    callers check the layouts each method names."""
+
+    def __init__(self, library: ctypes.CDLL) -> None:
+        self._rms_norm = library.shoal_rms_norm
+        self._rms_norm.argtypes = [_ptr, _i64, _ptr, _ptr, _i64, _i64, _f32]
+        self._rms_norm.restype = None
+        self._add_rms_norm = library.shoal_add_rms_norm
+        self._add_rms_norm.argtypes = [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _f32]
+        self._add_rms_norm.restype = None
+        self._rotary = library.shoal_rotary
+        self._rotary.argtypes = [_ptr, _i64, _i64, _i64, _i64, _ptr, _i64, _ptr, _ptr]
+        self._rotary.restype = ctypes.c_int
+        self._silu_mul = library.shoal_silu_mul
+        self._silu_mul.argtypes = [_ptr, _ptr, _i64, _i64]
+        self._silu_mul.restype = None
+        self._store_kv = library.shoal_store_kv
+        self._store_kv.argtypes = [_ptr, _i64, _ptr, _i64, _i64, _i64, _ptr, _ptr, _ptr, _i64]
+        self._store_kv.restype = ctypes.c_int
+        self._attention = library.shoal_decode_attention
+        self._attention.argtypes = [_ptr, _i64, _ptr, _i64, _ptr, _i64, _ptr, _ptr, _ptr, _ptr,
+                                    _i64, _i64, _i64, _i64, _i64, _i64, _i64, _f32, _ptr]
+        self._attention.restype = ctypes.c_int
+
+    def rms_norm(self, hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """``layers.rms_norm`` of a 2-D ``hidden`` whose last dimension is contiguous."""
+        rows, size = hidden.shape
+        out = torch.empty((rows, size), dtype=torch.float32)
+        self._rms_norm(hidden.data_ptr(), hidden.stride(0), weight.data_ptr(), out.data_ptr(),
+                       rows, size, eps)
+        return out
+
+    def add_rms_norm(self, hidden: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
+                     eps: float) -> torch.Tensor:
+        """``hidden += delta`` (both contiguous [rows, n]; ``hidden`` updated in place), then
+        the RMSNorm of the sum."""
+        rows, size = hidden.shape
+        out = torch.empty((rows, size), dtype=torch.float32)
+        self._add_rms_norm(hidden.data_ptr(), delta.data_ptr(), weight.data_ptr(),
+                           out.data_ptr(), rows, size, eps)
+        return out
+
+    def rotary_(self, packed: torch.Tensor, heads: int, head_dim: int, positions: torch.Tensor,
+                cos: torch.Tensor, signed_sin: torch.Tensor) -> None:
+        """Rotate, in place, the first ``heads`` heads of each row of ``packed`` ([T, >= heads *
+        head_dim], rows contiguous) by ``positions`` (int64 [T]) with ``RotaryTable``'s
+        tables (contiguous [positions, head_dim])."""
+        if self._rotary(packed.data_ptr(), packed.stride(0), packed.shape[0], heads, head_dim,
+                        positions.data_ptr(), cos.shape[0], cos.data_ptr(),
+                        signed_sin.data_ptr()) != 0:
+            raise IndexError(f"rotary embeddings: a position is outside the {cos.shape[0]} "
+                             f"positions of the table")
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """``silu(gate) * up`` of a contiguous [rows, 2n] ``gate_up`` ([gate | up])."""
+        rows, double = gate_up.shape
+        out = torch.empty((rows, double // 2), dtype=torch.float32)
+        self._silu_mul(gate_up.data_ptr(), out.data_ptr(), rows, double // 2)
+        return out
+
+    def store_kv(self, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor,
+                 layer_cache: torch.Tensor) -> None:
+        """``layer_cache[0][slot_mapping] = key; layer_cache[1][slot_mapping] = value``: key and
+        value [T, Hkv, D] (``usable_rows``), ``layer_cache`` contiguous [2, slots, Hkv, D],
+        ``slot_mapping`` int64 [T]."""
+        rows, kv_heads, dim = key.shape
+        slots = layer_cache.shape[1]
+        if self._store_kv(key.data_ptr(), key.stride(0), value.data_ptr(), value.stride(0), rows,
+                          kv_heads * dim, slot_mapping.data_ptr(), layer_cache[0].data_ptr(),
+                          layer_cache[1].data_ptr(), slots) != 0:
+            raise IndexError(f"KV write: a slot outside the layer's {slots} slots")
+
+    def decode_attention(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                         keys_t: torch.Tensor, values: torch.Tensor, slots: torch.Tensor,
+                         positions: torch.Tensor, window: int, scale: float) -> torch.Tensor:
+        """Writes each decode row's new key/value ([Bd, Hkv, D]) into its slot of the kept
+        ``keys_t`` [C, Hkv, D, W] / ``values`` [C, Hkv, W, D] at its position, then returns
+        the rows' attention [Bd, H, D] over keys [max(0, p + 1 - window), p] (window 0: all).
+        query/key/value: heads and dims contiguous within a row (``usable_rows``)."""
+        rows, heads, dim = query.shape
+        out = torch.empty((rows, heads, dim), dtype=torch.float32)
+        status = self._attention(
+            query.data_ptr(), query.stride(0), key.data_ptr(), key.stride(0),
+            value.data_ptr(), value.stride(0), keys_t.data_ptr(), values.data_ptr(),
+            slots.data_ptr(), positions.data_ptr(), rows, heads, key.shape[1], dim,
+            values.shape[0], values.shape[2], window, scale, out.data_ptr())
+        if status != 0:
+            raise ValueError("decode attention: a slot or position outside the kept copy")
+        return out
+
+
+def usable_rows(*tensors: torch.Tensor) -> bool:
+    """[rows, heads, dim] tensors whose heads and dims are contiguous within a row (a row's
+    start may be any stride apart), float32 on the CPU."""
+    for tensor in tensors:
+        _, heads, dim = tensor.shape
+        if (tensor.dtype != torch.float32 or tensor.device.type != "cpu"
+                or tensor.stride(2) != 1 or (heads > 1 and tensor.stride(1) != dim)):
+            return False
+    return True
+
+
+def cpu_kernels() -> CpuKernels | None:
+    """The loaded kernels, or None: disabled (``SHOAL_LLM_CPU_KERNELS=0``, read at every call,
+    so a test can switch paths), no compiler, or the build failed (logged once)."""
+    if os.environ.get(ENABLE_ENV, "1") == "0":
+        return None
+    return _loaded()
+
+
+@functools.cache
+def _loaded() -> CpuKernels | None:
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        logger.info("no C compiler: the LLM decoding step runs on torch ops only")
+        return None
+    try:
+        return CpuKernels(ctypes.CDLL(str(_build(compiler))))
+    except (OSError, subprocess.SubprocessError, AttributeError) as error:
+        detail = getattr(error, "stderr", b"") or b""
+        logger.warning("LLM CPU kernels not built (%s %s): torch ops only", error,
+                       detail.decode(errors="replace")[:500])
+        return None
