@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from shoal.workers.llm.decode_copy import DecodeKvCopy, SlotPlan
+from shoal.workers.llm.kernels import cpu_kernels, usable_rows
 from shoal.workers.llm.kv_cache import BlockManager
 from shoal.workers.llm.window import windowed_prefill_attention
 
@@ -74,6 +75,8 @@ class AttentionBatch:
     # [1, 1, W, 2W - 1], ``window.tile_mask``) for a span longer than the window W, else None
     # (plain causal); () when no span is cut
     prefill_masks: tuple[torch.Tensor | None, ...] = ()
+    decode_window: int = 0  # the sliding window ``decode_mask`` folds in (0: none), for the
+    # compiled kernel, which skips the keys below it instead of reading a mask
 
 
 def build_attention_batch(spans: list[SequenceSpan], blocks: BlockManager,
@@ -152,8 +155,12 @@ def paged_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     [2 (key, value), slots, Hkv, D] of one layer (written here), ``layer`` its index (the key
     of ``batch.decode_copy``; -1: not kept). Returns [T, H, D]. H must be a multiple of Hkv
     (grouped-query attention: query head h reads key/value head h // (H // Hkv))."""
-    layer_cache[0].index_copy_(0, batch.slot_mapping, key)
-    layer_cache[1].index_copy_(0, batch.slot_mapping, value)
+    kernels = cpu_kernels() if usable_rows(query, key, value) else None
+    if kernels is not None and layer_cache.is_contiguous():
+        kernels.store_kv(key, value, batch.slot_mapping, layer_cache)
+    else:
+        layer_cache[0].index_copy_(0, batch.slot_mapping, key)
+        layer_cache[1].index_copy_(0, batch.slot_mapping, value)
     if batch.decode_only:  # the common decoding iteration: no packing in or out
         return _decode_rows(query, key, value, layer_cache, batch, layer, scale)
     gqa = query.shape[1] != key.shape[1]
@@ -238,6 +245,10 @@ def _decode_rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         width = fresh_values.shape[2]
         keys_t[plan.gather_slots, :, :, :width] = fresh_keys_t
         values[plan.gather_slots, :, :width] = fresh_values
+    kernels = cpu_kernels() if usable_rows(query, key, value) else None
+    if kernels is not None:  # writes the new keys/values and attends, unmasked, in one call
+        return kernels.decode_attention(query, key, value, keys_t, values, plan.slots,
+                                        plan.positions, batch.decode_window, scale)
     keys_t[plan.slots, :, :, plan.positions] = key
     values[plan.slots, :, plan.positions] = value
     mask = kept.slot_mask(plan, batch.decode_mask, batch.decode_lengths, query.dtype)

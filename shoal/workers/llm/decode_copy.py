@@ -62,9 +62,13 @@ def _round_up(value: int, granule: int) -> int:
 
 
 class DecodeKvCopy:
-    def __init__(self, bytes_per_token: int) -> None:
-        """``bytes_per_token``: the key and value of one token over all layers."""
+    def __init__(self, bytes_per_token: int, width_growth: float = 1.0) -> None:
+        """``bytes_per_token``: the key and value of one token over all layers.
+        ``width_growth``: when a row needs more width than the slots have, they grow to at least
+        this many times their width (1: just enough; more suits an attention that reads only
+        each row's own keys, for which spare width costs nothing)."""
         self.bytes_per_token = bytes_per_token
+        self.width_growth = width_growth
         # layer -> keys transposed [C, Hkv, D, W], values [C, Hkv, W, D]
         self.layers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._slots: list[_Slot | None] = []
@@ -79,11 +83,13 @@ class DecodeKvCopy:
         copy would be too large to keep (the layers then gather every iteration)."""
         count = len(owners)
         capacity = max(len(self._slots), _round_up(count, SLOT_GRANULE))
-        width = max(self._width, row_width)
+        width = self._width
+        if row_width > width:
+            width = max(row_width, int(width * self.width_growth))
         restart = not self.layers
         if count * 2 < capacity and capacity > SLOT_GRANULE:  # mostly idle slots
             capacity, restart = _round_up(count, SLOT_GRANULE), True
-        if row_width * 2 <= width and width > row_width:  # mostly unused width
+        if row_width * 2 * self.width_growth <= width and width > row_width:  # mostly unused
             width, restart = row_width, True
         if capacity * width * self.bytes_per_token > KEEP_DECODE_KV_MAX_BYTES:
             self.forget()

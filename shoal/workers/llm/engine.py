@@ -13,6 +13,7 @@ import torch
 
 from shoal.workers.llm.attention import SequenceSpan, build_attention_batch
 from shoal.workers.llm.decode_copy import DecodeKvCopy
+from shoal.workers.llm.kernels import cpu_kernels
 from shoal.workers.llm.kv_cache import BlockManager, KvCachePool
 from shoal.workers.llm.logits.post_process import LogitsPostProcessing
 from shoal.workers.llm.logits.top_log_probs import TopLogProbs, top_log_probs
@@ -66,8 +67,14 @@ class Engine:
         self.requests: dict[int, RequestState] = {}
         self.guided: GuidedDecoder | None = None  # masks the logits of guided requests
         storage = kv.storage  # [layers, 2, slots, Hkv, D]
+        # the compiled attention reads only each row's own keys, so spare width in the kept
+        # copy costs it nothing, and growing it by half at a time saves copying it whole
+        # whenever the longest row reaches a new block
+        compiled = (storage.device.type == "cpu" and storage.dtype == torch.float32
+                    and cpu_kernels() is not None)
         self._decode_copy = DecodeKvCopy(storage.shape[0] * 2 * storage.shape[3]
-                                         * storage.shape[4] * storage.element_size())
+                                         * storage.shape[4] * storage.element_size(),
+                                         width_growth=1.5 if compiled else 1.0)
 
     @property
     def has_work(self) -> bool:
@@ -113,7 +120,9 @@ class Engine:
         logits = self._run_model(batch)
         decoding = [s for s in plan.scheduled if s.request_id not in batch.partial]
         failed = self.post_processing.apply_to_iteration(logits, decoding, batch.last_row)
-        argmax = logits.argmax(dim=-1).tolist()  # one call serves every greedy sequence
+        # one call serves every greedy sequence; max's indices are argmax's (the first
+        # maximum of a row, NaN propagating), at less than half its cost on the CPU
+        argmax = logits.max(dim=-1).indices.tolist()
         for state in plan.scheduled:
             state.paused = False
             if state.request_id in batch.partial:  # chunked context, not complete yet

@@ -62,7 +62,9 @@ def windowed(batch: AttentionBatch, window: int, dtype: torch.dtype) -> Attentio
             and all(new is old for new, old in zip(extend, batch.extend_spans, strict=True))):
         return batch
     return dataclasses.replace(batch, decode_mask=decode_mask, extend_spans=extend,
-                               prefill_masks=prefill_masks if prefill_cut else ())
+                               prefill_masks=prefill_masks if prefill_cut else (),
+                               decode_window=window if decode_mask is not batch.decode_mask
+                               else batch.decode_window)
 
 
 def _decode_mask(batch: AttentionBatch, window: int,

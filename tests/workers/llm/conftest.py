@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from shoal.workers.llm import Executor, ExecutorConfig, Response
+from shoal.workers.llm.kernels import ENABLE_ENV, cpu_kernels
 from shoal.workers.llm.tiny_checkpoint import TinyLlamaSpec, build_tiny_llama
 
 VOCAB = 128
@@ -48,6 +49,19 @@ def gpt2_dir(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
 def model_dir(request: pytest.FixtureRequest, llama_dir: pathlib.Path,
               gpt2_dir: pathlib.Path) -> pathlib.Path:
     return llama_dir if request.param == "llama" else gpt2_dir
+
+
+@pytest.fixture(params=["compiled", "torch"])
+def kernel_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Runs a test once with the compiled CPU kernels between the matrix products (skipped
+    where they cannot be built) and once op by op in torch (SHOAL_LLM_CPU_KERNELS=0)."""
+    if request.param == "torch":
+        monkeypatch.setenv(ENABLE_ENV, "0")
+    else:
+        monkeypatch.delenv(ENABLE_ENV, raising=False)
+        if cpu_kernels() is None:
+            pytest.skip("the LLM CPU kernels cannot be built here (no C compiler?)")
+    return str(request.param)
 
 
 _HF_MODELS: dict[pathlib.Path, Any] = {}

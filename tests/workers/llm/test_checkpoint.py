@@ -90,12 +90,18 @@ def run_prefill_then_decode(model: CausalLM, prompt: list[int],
     return prefill, tokens, logits[0]
 
 
-def test_model_step_matches_hf_forward(model_dir: pathlib.Path) -> None:
-    """Context logits are bitwise equal; decode logits (paged keys) agree to float32 noise."""
+def test_model_step_matches_hf_forward(model_dir: pathlib.Path, kernel_path: str) -> None:
+    """Context logits are bitwise equal op by op (float32 noise apart with the compiled
+    kernels, whose reductions run in another order); decode logits (paged keys) agree to
+    float32 noise."""
     prompt = [3, 14, 15, 92, 65, 35, 89, 79, 32]
     prefill, tokens, last = run_prefill_then_decode(load_model(model_dir, "cpu"), prompt, 9)
     hf = hf_model(model_dir)
     with torch.inference_mode():
-        assert torch.equal(prefill, hf(torch.tensor([prompt])).logits[0])
+        context = hf(torch.tensor([prompt])).logits[0]
+        if kernel_path == "torch" or model_dir.name.startswith("tiny-gpt2"):
+            assert torch.equal(prefill, context)
+        else:
+            assert torch.allclose(prefill, context, atol=1e-4)
         reference = hf(torch.tensor([tokens])).logits[0, -1]
     assert torch.allclose(last, reference, atol=1e-4)

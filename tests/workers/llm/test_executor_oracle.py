@@ -42,8 +42,8 @@ def final_tokens(executor: Executor, ids: list[int]) -> dict[int, list[int]]:
     return out
 
 
-def test_one_request_equals_hf_greedy(model_dir: pathlib.Path,
-                                      make_executor: MakeExecutor) -> None:
+def test_one_request_equals_hf_greedy(model_dir: pathlib.Path, make_executor: MakeExecutor,
+                                      kernel_path: str) -> None:
     prompt = [5, 17, 99, 42, 8, 64, 3]
     executor = make_executor(model_dir)
     expected = hf_greedy(model_dir, prompt, 24)
@@ -69,7 +69,8 @@ def test_end_id_stops_like_hf_eos(model_dir: pathlib.Path, make_executor: MakeEx
 
 
 def test_sixteen_staggered_requests_equal_hf(model_dir: pathlib.Path,
-                                             make_executor: MakeExecutor) -> None:
+                                             make_executor: MakeExecutor,
+                                             kernel_path: str) -> None:
     rng = random.Random(16)
     cases = [(random_prompt(rng, 1, 40), rng.randrange(1, 31)) for _ in range(16)]
     executor = make_executor(model_dir, ExecutorConfig(max_batch_size=8))

@@ -86,20 +86,26 @@ def test_transformers_4_rope_scaling_format_is_read(tmp_path: pathlib.Path) -> N
     assert spec.rope_scaling == Llama3RopeScaling(8.0, 1.0, 4.0, 64)
 
 
-def test_model_step_matches_hf_forward(family_dir: pathlib.Path) -> None:
-    """Context logits are bitwise equal; decode logits (paged keys) agree to float32 noise.
-    The prompt and decode run past original_max_position_embeddings (64)."""
+def test_model_step_matches_hf_forward(family_dir: pathlib.Path, kernel_path: str) -> None:
+    """Context logits are bitwise equal op by op (float32 noise apart with the compiled
+    kernels); decode logits (paged keys) agree to float32 noise. The prompt and decode run
+    past original_max_position_embeddings (64)."""
     prompt = random_prompt(random.Random(1), 70, 70)
     prefill, tokens, last = run_prefill_then_decode(load_model(family_dir, "cpu"), prompt, 9)
     hf = hf_model(family_dir)
     with torch.inference_mode():
-        assert torch.equal(prefill, hf(torch.tensor([prompt])).logits[0])
+        context = hf(torch.tensor([prompt])).logits[0]
+        if kernel_path == "torch":
+            assert torch.equal(prefill, context)
+        else:
+            assert torch.allclose(prefill, context, atol=1e-4)
         reference = hf(torch.tensor([tokens])).logits[0, -1]
     assert torch.allclose(last, reference, atol=1e-4)
 
 
 def test_staggered_greedy_requests_equal_hf(family_dir: pathlib.Path,
-                                            make_executor: MakeExecutor) -> None:
+                                            make_executor: MakeExecutor,
+                                            kernel_path: str) -> None:
     rng = random.Random(6)
     cases = [(random_prompt(rng, 1, 60), rng.randrange(1, 40)) for _ in range(8)]
     executor = make_executor(family_dir, ExecutorConfig(max_batch_size=4))

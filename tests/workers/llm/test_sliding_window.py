@@ -157,7 +157,8 @@ LENGTHS = [1, 3, WINDOW - 1, WINDOW, WINDOW + 1, 2 * WINDOW + 3, 40]
 
 
 def test_batched_greedy_requests_equal_hf(swa_dir: pathlib.Path,
-                                          make_executor: MakeExecutor) -> None:
+                                          make_executor: MakeExecutor,
+                                          kernel_path: str) -> None:
     """Prompts shorter than, as long as and longer than the window, generating past it, in
     iterations that mix prefills and decode rows of different lengths."""
     cases = [(prompt_of(10 + i, n), 2 * WINDOW + i) for i, n in enumerate(LENGTHS)]

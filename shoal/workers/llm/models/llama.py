@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from shoal.workers.llm.attention import AttentionBatch, paged_attention
 from shoal.workers.llm.checkpoint import ModelSpec
+from shoal.workers.llm.kernels import CpuKernels, cpu_kernels
 from shoal.workers.llm.kv_cache import KvCachePool
 from shoal.workers.llm.models.layers import Linear, activation, rms_norm, take
 from shoal.workers.llm.models.rope import RotaryTable, inverse_frequencies
@@ -39,6 +40,10 @@ class LlamaModel:
         self.spec = spec
         self.dtype = dtype
         self._act = activation(spec.hidden_act)
+        self._swiglu = spec.hidden_act in ("silu", "swish")
+        # compiled kernels between the matrix products: float32 on the CPU only (None: the
+        # op-by-op loop; SHOAL_LLM_CPU_KERNELS=0 forces it)
+        self._kernels = cpu_kernels() if dtype == torch.float32 and device == "cpu" else None
         self._embed = take(weights, "model.embed_tokens.weight")
         self._final_norm = take(weights, "model.norm.weight")
         if "lm_head.weight" in weights or not spec.tie_word_embeddings:
@@ -90,27 +95,76 @@ class LlamaModel:
         # sliding windows (spec.layer_windows) folded into each layer's masks
         batches = (layer_batches(batch, spec.layer_windows, self.dtype) if spec.layer_windows
                    else None)
-        for index, layer in enumerate(self._layers):
-            normed = rms_norm(hidden, layer.input_norm, spec.norm_eps)
-            qkv = layer.qkv(normed)
-            value = qkv[:, q_size + kv_size:].view(-1, spec.num_kv_heads, spec.head_dim)
-            if layer.q_norm is not None and layer.k_norm is not None:
-                query = rms_norm(qkv[:, :q_size].view(-1, spec.num_heads, spec.head_dim),
-                                 layer.q_norm, spec.norm_eps)
-                key = rms_norm(qkv[:, q_size:q_size + kv_size].view(
-                    -1, spec.num_kv_heads, spec.head_dim), layer.k_norm, spec.norm_eps)
-                query, key = self._rotary.apply(query, key, cos_sin)
-            else:  # queries and keys side by side: one rotation for both
-                rotated = self._rotary.rotate(
-                    qkv[:, :q_size + kv_size].view(-1, heads, spec.head_dim), cos_sin)
-                query, key = rotated[:, :spec.num_heads], rotated[:, spec.num_heads:]
-            attended = paged_attention(query, key, value, kv.layer(index),
-                                       batch if batches is None else batches[index],
-                                       spec.attention_scale, index)
-            # residual sums in place: ``hidden`` is this forward's own tensor (bitwise the same)
-            hidden = hidden.add_(layer.out(attended.reshape(-1, q_size)))
-            normed = rms_norm(hidden, layer.post_norm, spec.norm_eps)
-            gate, up = layer.gate_up(normed).chunk(2, dim=-1)
-            hidden = hidden.add_(layer.down(self._act(gate).mul_(up)))
+        kernels = self._kernels if hidden.device.type == "cpu" else None
+        if kernels is not None and batches is None:
+            hidden = self._fused_layers(kernels, hidden, positions, batch, kv)
+        else:
+            for index, layer in enumerate(self._layers):
+                normed = rms_norm(hidden, layer.input_norm, spec.norm_eps)
+                qkv = layer.qkv(normed)
+                value = qkv[:, q_size + kv_size:].view(-1, spec.num_kv_heads, spec.head_dim)
+                if layer.q_norm is not None and layer.k_norm is not None:
+                    query = rms_norm(qkv[:, :q_size].view(-1, spec.num_heads, spec.head_dim),
+                                     layer.q_norm, spec.norm_eps)
+                    key = rms_norm(qkv[:, q_size:q_size + kv_size].view(
+                        -1, spec.num_kv_heads, spec.head_dim), layer.k_norm, spec.norm_eps)
+                    query, key = self._rotary.apply(query, key, cos_sin)
+                else:  # queries and keys side by side: one rotation for both
+                    rotated = self._rotary.rotate(
+                        qkv[:, :q_size + kv_size].view(-1, heads, spec.head_dim), cos_sin)
+                    query, key = rotated[:, :spec.num_heads], rotated[:, spec.num_heads:]
+                attended = paged_attention(query, key, value, kv.layer(index),
+                                           batch if batches is None else batches[index],
+                                           spec.attention_scale, index)
+                # residual sums in place: ``hidden`` is this forward's own tensor (bitwise the
+                # same)
+                hidden = hidden.add_(layer.out(attended.reshape(-1, q_size)))
+                normed = rms_norm(hidden, layer.post_norm, spec.norm_eps)
+                gate, up = layer.gate_up(normed).chunk(2, dim=-1)
+                hidden = hidden.add_(layer.down(self._act(gate).mul_(up)))
         selected = rms_norm(hidden[logits_rows], self._final_norm, spec.norm_eps)
         return self._lm_head(selected).float()
+
+    def _fused_layers(self, kernels: CpuKernels, hidden: torch.Tensor, positions: torch.Tensor,
+                      batch: AttentionBatch, kv: KvCachePool) -> torch.Tensor:
+        """The layers with the compiled kernels between the matrix products (float32 on the
+        CPU, no sliding window): RMSNorm, rotary embeddings in place in the qkv product, the
+        attention (paged_attention hands decode rows to the kernel), and each residual sum
+        fused with the next RMSNorm. Returns the hidden state after the last layer (the same
+        as the op-by-op loop's to float32 rounding)."""
+        spec = self.spec
+        q_size = spec.num_heads * spec.head_dim
+        kv_size = spec.num_kv_heads * spec.head_dim
+        heads = spec.num_heads + spec.num_kv_heads
+        eps = spec.norm_eps
+        normed = kernels.rms_norm(hidden, self._layers[0].input_norm, eps)
+        for index, layer in enumerate(self._layers):
+            qkv = layer.qkv(normed)
+            if layer.q_norm is not None and layer.k_norm is not None:  # Qwen3: per-head norms
+                for first, count, weight in ((0, spec.num_heads, layer.q_norm),
+                                             (q_size, spec.num_kv_heads, layer.k_norm)):
+                    part = qkv[:, first:first + count * spec.head_dim]
+                    qkv[:, first:first + count * spec.head_dim] = kernels.rms_norm(
+                        part.reshape(-1, spec.head_dim), weight, eps).view(part.shape)
+            kernels.rotary_(qkv, heads, spec.head_dim, positions, self._rotary.cos,
+                            self._rotary.signed_sin)
+            query = qkv[:, :q_size].view(-1, spec.num_heads, spec.head_dim)
+            key = qkv[:, q_size:q_size + kv_size].view(-1, spec.num_kv_heads, spec.head_dim)
+            value = qkv[:, q_size + kv_size:].view(-1, spec.num_kv_heads, spec.head_dim)
+            attended = paged_attention(query, key, value, kv.layer(index), batch,
+                                       spec.attention_scale, index)
+            normed = kernels.add_rms_norm(hidden, layer.out(attended.reshape(-1, q_size)),
+                                          layer.post_norm, eps)
+            gate_up = layer.gate_up(normed)
+            if self._swiglu:
+                activated = kernels.silu_mul(gate_up)
+            else:
+                gate, up = gate_up.chunk(2, dim=-1)
+                activated = self._act(gate).mul_(up)
+            delta = layer.down(activated)
+            if index + 1 < len(self._layers):
+                normed = kernels.add_rms_norm(hidden, delta, self._layers[index + 1].input_norm,
+                                              eps)
+            else:
+                hidden.add_(delta)
+        return hidden
