@@ -7,11 +7,11 @@ on ``/metrics`` (TensorRT-LLM backend names), the statistics documents carry the
 sampler turns them into the dashboard's ``llm`` rows.
 
 Counters and histograms count since the instance loaded (a restarted worker starts again from
-zero); gauges are the state at the instance's last look (its response pump, at most 50 ms
-before the heartbeat). Latency histograms count durations in µs in the buckets of
-``LATENCY_BUCKET_BOUNDS_US`` (``messages/frontend.py``: one entry per bound plus one overflow
-entry, not cumulative; ``[]`` until the first observation), token-length histograms in the
-buckets of ``TOKEN_LEN_BOUNDS`` (same layout).
+zero); gauges are the state at the instance's last look (after the executor's latest pass,
+every iteration while requests are open). Latency histograms count durations in µs in the
+buckets of ``LATENCY_BUCKET_BOUNDS_US`` (``messages/frontend.py``: one entry per bound plus one
+overflow entry, not cumulative; ``[]`` until the first observation), token-length histograms in
+the buckets of ``TOKEN_LEN_BOUNDS`` (same layout).
 """
 
 from __future__ import annotations

@@ -337,3 +337,40 @@ def test_returned_sequences_share_the_prompt_blocks(llama_dir: pathlib.Path,
     # 16 prompt tokens = 4 shared blocks; each sequence then writes its own 5th block
     assert used[:2] == [4, 4 + 4]
     assert used[-1] == 0
+
+
+def test_iteration_hook_delivers_on_the_loop_thread(llama_dir: pathlib.Path,
+                                                    make_executor: MakeExecutor) -> None:
+    """What the llm backend relies on: the hook runs on the executor's thread after each pass,
+    takes every response with await_responses(timeout=0) (tokens in order, the final last),
+    also runs for a response that needs no iteration (a refused request) and survives raising."""
+    import threading
+
+    executor = make_executor(llama_dir)
+    taken: list[tuple[str, int, bool]] = []
+    failures = {"left": 1}
+
+    def hook() -> None:
+        for response in executor.await_responses(timeout=0):
+            final = response.has_error() or (response.result is not None
+                                            and response.result.is_final)
+            taken.append((threading.current_thread().name, response.request_id, final))
+        if failures["left"]:
+            failures["left"] -= 1
+            raise RuntimeError("a hook that fails once")
+
+    executor.set_iteration_hook(hook)
+    good = executor.enqueue_request(Request(PROMPT, 6, streaming=True))
+    deadline = time.monotonic() + 30
+    while not any(rid == good and final for _, rid, final in taken):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    refused = executor.enqueue_request(Request([], 5))  # answered without an iteration
+    while not any(rid == refused for _, rid, _ in taken):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    mine = [entry for entry in taken if entry[1] == good]
+    assert len(mine) == 6 and [final for _, _, final in mine] == [False] * 5 + [True]
+    assert {name for name, _, _ in taken} == {"llm-executor"}
+    executor.set_iteration_hook(None)
+    assert executor.await_responses(timeout=0) == []  # the hook took everything

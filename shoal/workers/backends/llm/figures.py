@@ -18,13 +18,13 @@ Where each figure is taken:
 - Generated tokens are counted when they leave (beam 0 of every returned sequence; the end token
   that finished a sequence counts, as the ``completion_tokens`` output and OpenAI's usage count
   it). Prompt tokens are counted when the executor accepts the request.
-- Requests, KV blocks and the iteration counter are read by the response pump each turn (at
-  most 50 ms apart): blocks straight from the executor's block manager (so blocks freed by a
-  cancel show although no iteration follows it), requests from the executor's latest
-  ``IterationStats`` (all zero while the backend holds no open request).
+- Requests, KV blocks and the iteration counter are read after each pass of the executor's
+  loop (the backend's iteration hook): blocks straight from the executor's block manager (so
+  blocks freed by a cancel show although no iteration follows it), requests from the
+  executor's latest ``IterationStats`` (all zero while the backend holds no open request).
 
-Thread-safe: ``execute`` (main thread), the pump and the worker's control thread (``snapshot``
-for the heartbeat) call in; one lock guards the values.
+Thread-safe: ``execute`` (main thread), the executor's loop thread and the worker's control
+thread (``snapshot`` for the heartbeat) call in; one lock guards the values.
 """
 
 from __future__ import annotations
@@ -200,7 +200,8 @@ class LlmFigures:
     # ------------------------------------------------------------------ executor state
 
     def executor_turn(self, open_requests: int) -> None:
-        """Read the executor's blocks and latest iteration statistics (the pump, each turn)."""
+        """Read the executor's blocks and latest iteration statistics (after each pass of the
+        executor's loop)."""
         executor = self._executor
         iterations = executor.get_latest_iteration_stats()
         blocks = executor.blocks
