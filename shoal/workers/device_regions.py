@@ -278,6 +278,8 @@ class DeviceRegions:
     def synchronize(self) -> None:
         """Wait for the copies into every CUDA device written since the last call (a no-op when
         none was: CPU tensors, as with the fake)."""
+        if not self._written:  # the CPU case, once per response: no lock (a set's truth is
+            return             # read atomically; a copy racing this call waits for the next)
         with self._lock:
             devices, self._written = self._written, set()
         if devices:

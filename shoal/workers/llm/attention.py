@@ -77,14 +77,19 @@ class AttentionBatch:
     prefill_masks: tuple[torch.Tensor | None, ...] = ()
     decode_window: int = 0  # the sliding window ``decode_mask`` folds in (0: none), for the
     # compiled kernel, which skips the keys below it instead of reading a mask
+    row_mask_skipped: bool = False  # padded decode rows but no decode_mask built (the compiled
+    # kernel needs none); ``decode_row_mask`` builds it where torch ops need it after all
 
 
 def build_attention_batch(spans: list[SequenceSpan], blocks: BlockManager,
                           device: torch.device | str,
                           dtype: torch.dtype = torch.float32,
-                          decode_copy: DecodeKvCopy | None = None) -> AttentionBatch:
+                          decode_copy: DecodeKvCopy | None = None,
+                          row_mask: bool = True) -> AttentionBatch:
     """``dtype``: the model's (queries', keys') dtype, that of the additive decode mask.
-    ``decode_copy``: the engine's kept decode keys/values (None: gather every iteration)."""
+    ``decode_copy``: the engine's kept decode keys/values (None: gather every iteration).
+    ``row_mask`` False: the decode rows' padding mask is left unbuilt (the compiled kernel reads
+    each row's length instead; five torch ops per iteration saved)."""
     slot_mapping: list[int] = []
     prefill: list[tuple[int, int]] = []
     decode_rows: list[int] = []
@@ -106,12 +111,9 @@ def build_attention_batch(spans: list[SequenceSpan], blocks: BlockManager,
     size = blocks.tokens_per_block
     width = max((len(t) for t in decode_tables), default=0)
     mask: torch.Tensor | None = None
-    if any(length != width * size for length in decode_lengths):
-        lengths = torch.tensor(decode_lengths, device=device)
-        keys = torch.arange(width * size, device=device)
-        padding = (keys[None, :] >= lengths[:, None])[:, None, None, :]
-        mask = torch.zeros(padding.shape, dtype=dtype, device=device).masked_fill_(
-            padding, float("-inf"))
+    padded_rows = any(length != width * size for length in decode_lengths)
+    if padded_rows and row_mask:
+        mask = _padding_mask(decode_lengths, width * size, dtype, device)
     padded = [t + [0] * (width - len(t)) for t in decode_tables]
     plan: SlotPlan | None = None
     if decode_copy is not None:
@@ -134,7 +136,26 @@ def build_attention_batch(spans: list[SequenceSpan], blocks: BlockManager,
         decode_plan=plan,
         decode_lengths=tuple(decode_lengths),
         decode_only=bool(decode_spans) and not prefill and not extend,
+        row_mask_skipped=padded_rows and not row_mask,
     )
+
+
+def _padding_mask(lengths: list[int] | tuple[int, ...], width: int, dtype: torch.dtype,
+                  device: torch.device | str) -> torch.Tensor:
+    """Additive [rows, 1, 1, width]: 0 for the keys below each row's length, -inf after."""
+    ends = torch.tensor(lengths, device=device)
+    keys = torch.arange(width, device=device)
+    padding = (keys[None, :] >= ends[:, None])[:, None, None, :]
+    return torch.zeros(padding.shape, dtype=dtype, device=device).masked_fill_(
+        padding, float("-inf"))
+
+
+def decode_row_mask(batch: AttentionBatch, dtype: torch.dtype) -> torch.Tensor | None:
+    """``batch.decode_mask``, built now when ``build_attention_batch`` skipped it."""
+    if not batch.row_mask_skipped:
+        return batch.decode_mask
+    width = batch.decode_blocks.shape[1] * batch.tokens_per_block
+    return _padding_mask(batch.decode_lengths, width, dtype, batch.decode_blocks.device)
 
 
 def _extend_span(span: SequenceSpan, tokens_per_block: int,
@@ -238,7 +259,8 @@ def _decode_rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     kept, plan = batch.decode_copy, batch.decode_plan
     if kept is None or plan is None or layer < 0:
         keys_t, values = _gather_blocks(layer_cache, batch)
-        return decode_attention(query, keys_t, values, batch.decode_mask, scale)
+        return decode_attention(query, keys_t, values, decode_row_mask(batch, query.dtype),
+                                scale)
     keys_t, values = kept.tensors(layer, plan, key.shape[1], key.shape[2], key.dtype, key.device)
     if plan.gather_rows is not None:  # new sequences (or changed ones) fill their slots
         fresh_keys_t, fresh_values = _gather_blocks(layer_cache, batch, plan.gather_rows)
@@ -251,7 +273,8 @@ def _decode_rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                                         plan.positions, batch.decode_window, scale)
     keys_t[plan.slots, :, :, plan.positions] = key
     values[plan.slots, :, plan.positions] = value
-    mask = kept.slot_mask(plan, batch.decode_mask, batch.decode_lengths, query.dtype)
+    mask = kept.slot_mask(plan, decode_row_mask(batch, query.dtype), batch.decode_lengths,
+                          query.dtype)
     if plan.identity:
         return decode_attention(query, keys_t, values, mask, scale)
     slotted = query.new_zeros((plan.capacity, *query.shape[1:])).index_copy_(0, plan.slots, query)

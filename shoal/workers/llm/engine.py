@@ -72,6 +72,7 @@ class Engine:
         # whenever the longest row reaches a new block
         compiled = (storage.device.type == "cpu" and storage.dtype == torch.float32
                     and cpu_kernels() is not None)
+        self._row_masks = not compiled  # the compiled decode attention reads row lengths
         self._decode_copy = DecodeKvCopy(storage.shape[0] * 2 * storage.shape[3]
                                          * storage.shape[4] * storage.element_size(),
                                          width_growth=1.5 if compiled else 1.0)
@@ -186,7 +187,7 @@ class Engine:
     def _run_model(self, batch: _Batch) -> torch.Tensor:
         device = self.kv.storage.device
         attention = build_attention_batch(batch.spans, self.blocks, device, self.model.dtype,
-                                          self._decode_copy)
+                                          self._decode_copy, row_mask=self._row_masks)
         with torch.inference_mode():
             logits = self.model.forward(
                 torch.tensor(batch.token_ids, dtype=torch.long, device=device),

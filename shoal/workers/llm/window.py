@@ -64,7 +64,10 @@ def windowed(batch: AttentionBatch, window: int, dtype: torch.dtype) -> Attentio
     return dataclasses.replace(batch, decode_mask=decode_mask, extend_spans=extend,
                                prefill_masks=prefill_masks if prefill_cut else (),
                                decode_window=window if decode_mask is not batch.decode_mask
-                               else batch.decode_window)
+                               else batch.decode_window,
+                               # a window's mask also hides the padding
+                               row_mask_skipped=batch.row_mask_skipped
+                               and decode_mask is batch.decode_mask)
 
 
 def _decode_mask(batch: AttentionBatch, window: int,

@@ -6,6 +6,7 @@ the pool, leaving ones give theirs back."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from shoal.workers.llm.attention import SequenceSpan, build_attention_batch, paged_attention
@@ -146,3 +147,31 @@ def test_a_copy_too_large_is_not_kept() -> None:
     step(rows, blocks, caches, copy)
     _, plan = step(rows, blocks, caches, copy)
     assert plan is None and not copy.layers
+
+
+def test_a_skipped_row_mask_is_built_where_torch_ops_need_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """build_attention_batch(row_mask=False) leaves the padding mask to the compiled kernel; the
+    torch path (kernels off) builds the same mask on demand and attends the same."""
+    from shoal.workers.llm.attention import decode_row_mask
+    from shoal.workers.llm.kernels import ENABLE_ENV
+
+    monkeypatch.setenv(ENABLE_ENV, "0")
+    torch.manual_seed(5)
+    blocks = BlockManager(32, 4)
+    cache = torch.randn(2, 32 * 4, 2, 8)
+    spans = []
+    for row, cached in enumerate((3, 9, 6)):
+        table: list[int] = []
+        blocks.prepare_write(table, 0, cached + 1)
+        spans.append(SequenceSpan(row, 1, cached, table))
+    full = build_attention_batch(spans, blocks, "cpu")
+    lean = build_attention_batch(spans, blocks, "cpu", row_mask=False)
+    assert full.decode_mask is not None and not full.row_mask_skipped
+    assert lean.decode_mask is None and lean.row_mask_skipped
+    built = decode_row_mask(lean, torch.float32)
+    assert built is not None and torch.equal(built, full.decode_mask)
+    query, key, value = torch.randn(3, 4, 8), torch.randn(3, 2, 8), torch.randn(3, 2, 8)
+    expected = paged_attention(query, key, value, cache.clone(), full, scale=0.4)
+    assert torch.equal(paged_attention(query, key, value, cache.clone(), lean, scale=0.4),
+                       expected)

@@ -66,9 +66,11 @@ def test_specs_carry_each_layers_window(mistral_dir: pathlib.Path,
     assert hf_model(qwen2_dir).config.layer_types == QWEN2_LAYERS  # HF reads the same
 
 
-def test_masks_equal_hf_sliding_window_mask() -> None:
+@pytest.mark.parametrize("row_mask", [True, False])
+def test_masks_equal_hf_sliding_window_mask(row_mask: bool) -> None:
     """One batch with a prefill span, decode rows and an extend span, each shorter and longer
-    than the window: paged attention equals dense attention under HF's own mask function."""
+    than the window: paged attention equals dense attention under HF's own mask function
+    (also when the batch was built without its padding mask: the window's mask has both)."""
     from transformers.masking_utils import sliding_window_causal_mask_function
 
     allowed = sliding_window_causal_mask_function(WINDOW)
@@ -96,8 +98,9 @@ def test_masks_equal_hf_sliding_window_mask() -> None:
         spans.append(SequenceSpan(start, new, cached, table))
         full.append((q, k, v, cached))
         start += new
-    batch = windowed(build_attention_batch(spans, blocks, "cpu"), WINDOW, torch.float32)
-    assert batch.decode_mask is not None
+    batch = windowed(build_attention_batch(spans, blocks, "cpu", row_mask=row_mask), WINDOW,
+                     torch.float32)
+    assert batch.decode_mask is not None and not batch.row_mask_skipped
     assert [m is None for m in batch.prefill_masks] == [True, True, False, False, False]
     query, key, value = (torch.cat([tensors[i][tensors[3]:] for tensors in full])
                          for i in range(3))

@@ -448,13 +448,14 @@ def text_output(text: str, *, batching: bool, counts: TextCounts | None = None,
     must then be given)."""
     outputs: list[tuple[str, str, npt.NDArray[Any]]] = [
         ("text_output", "BYTES", np.array([text.encode("utf-8")], dtype=np.object_))]
-    if counts is not None:
-        values: dict[str, npt.NDArray[Any]] = {
-            "prompt_tokens": np.array([counts.prompt_tokens], np.int32),
-            "completion_tokens": np.array([counts.completion_tokens], np.int32),
-            "finish_reason": np.array([_FINISH_REASONS[counts.finish_reason].encode()],
-                                      dtype=np.object_)}
-        outputs += [(name, "BYTES" if name == "finish_reason" else "INT32", values[name])
-                    for name in COUNT_OUTPUTS if name in requested]
+    if counts is not None:  # only those asked for: this runs for every streamed token
+        for name in COUNT_OUTPUTS:
+            if name not in requested:
+                continue
+            if name == "finish_reason":
+                outputs.append((name, "BYTES", np.array(
+                    [_FINISH_REASONS[counts.finish_reason].encode()], dtype=np.object_)))
+            else:
+                outputs.append((name, "INT32", np.array([getattr(counts, name)], np.int32)))
     return [OutputTensor(name, datatype, array[np.newaxis] if batching else array)
             for name, datatype, array in outputs]

@@ -122,7 +122,10 @@ class LlamaModel:
                 normed = rms_norm(hidden, layer.post_norm, spec.norm_eps)
                 gate, up = layer.gate_up(normed).chunk(2, dim=-1)
                 hidden = hidden.add_(layer.down(self._act(gate).mul_(up)))
-        selected = rms_norm(hidden[logits_rows], self._final_norm, spec.norm_eps)
+        if kernels is not None and batches is None:
+            selected = kernels.rms_norm(hidden[logits_rows], self._final_norm, spec.norm_eps)
+        else:
+            selected = rms_norm(hidden[logits_rows], self._final_norm, spec.norm_eps)
         return self._lm_head(selected).float()
 
     def _fused_layers(self, kernels: CpuKernels, hidden: torch.Tensor, positions: torch.Tensor,
