@@ -158,13 +158,15 @@ static inline v16 load16(const float *p) {
 static inline void store16(float *p, v16 v) { memcpy(p, &v, sizeof v); }
 
 /* scores[j] = q . kt[:, lo + j] for j < n: keys transposed, kt [dim, width]. Blocks of 64 keys
- * (four independent FMA chains), then of 16, while the slot's width allows (scores past n
- * are scratch, never read: `scores` holds n + 64), then one key at a time. */
+ * (four independent FMA chains) while within n; the rest in blocks of 32, then 16, each with
+ * independent chains too (FMA latency, not bandwidth, bounds a single chain), reading past n
+ * while the slot's width allows (at most 31 keys; their scores are scratch, never read:
+ * `scores` holds n + 64); then one key at a time. */
 static inline __attribute__((always_inline)) void key_scores(
         const float *q, const float *kt, int64_t width, int64_t lo, int64_t n, float *scores,
         const int64_t dim) {
     int64_t j = 0;
-    for (; j < n && lo + j + 64 <= width; j += 64) {
+    for (; j + 64 <= n; j += 64) {
         v16 a = {0}, b = {0}, c = {0}, e = {0};
         for (int64_t d = 0; d < dim; d++) {
             const float *row = kt + d * width + lo + j;
@@ -179,10 +181,32 @@ static inline __attribute__((always_inline)) void key_scores(
         store16(scores + j + 32, c);
         store16(scores + j + 48, e);
     }
-    for (; j < n && lo + j + 16 <= width; j += 16) {
-        v16 a = {0};
-        for (int64_t d = 0; d < dim; d++) a += q[d] * load16(kt + d * width + lo + j);
-        store16(scores + j, a);
+    if (j + 16 < n && lo + j + 32 <= width) {  /* 32 keys, two chains each */
+        v16 a0 = {0}, a1 = {0}, b0 = {0}, b1 = {0};
+        int64_t d = 0;
+        for (; d + 2 <= dim; d += 2) {
+            const float *row = kt + d * width + lo + j;
+            a0 += q[d] * load16(row);
+            b0 += q[d] * load16(row + 16);
+            a1 += q[d + 1] * load16(row + width);
+            b1 += q[d + 1] * load16(row + width + 16);
+        }
+        for (; d < dim; d++) {
+            a0 += q[d] * load16(kt + d * width + lo + j);
+            b0 += q[d] * load16(kt + d * width + lo + j + 16);
+        }
+        store16(scores + j, a0 + a1);
+        store16(scores + j + 16, b0 + b1);
+        j += 32;
+    }
+    for (; j < n && lo + j + 16 <= width; j += 16) {  /* 16 keys, four chains */
+        v16 a[4] = {{0}, {0}, {0}, {0}};
+        int64_t d = 0;
+        for (; d + 4 <= dim; d += 4)
+            for (int k = 0; k < 4; k++)
+                a[k] += q[d + k] * load16(kt + (d + k) * width + lo + j);
+        for (; d < dim; d++) a[0] += q[d] * load16(kt + d * width + lo + j);
+        store16(scores + j, (a[0] + a[1]) + (a[2] + a[3]));
     }
     for (; j < n; j++) {
         float total = 0.0f;
@@ -267,20 +291,6 @@ int shoal_store_kv(const float *key, int64_t k_stride, const float *value, int64
     return 0;
 }
 
-/* Asks the memory system for one (slot, kv head)'s keys [lo, p] and values while the current
- * one is computed: its keys are dim short rows, each too short for the hardware prefetcher to
- * pick up. */
-static void prefetch_head(const float *keys_t, const float *values, int64_t s, int64_t h,
-                          int64_t kv_heads, int64_t dim, int64_t width, int64_t p,
-                          int64_t window) {
-    int64_t lo = window > 0 && p + 1 > window ? p + 1 - window : 0;
-    const float *kt = keys_t + (s * kv_heads + h) * dim * width;
-    const float *vv = values + (s * kv_heads + h) * width * dim;
-    for (int64_t d = 0; d < dim; d++)
-        for (int64_t j = lo; j <= p; j += 16) __builtin_prefetch(kt + d * width + j);
-    for (int64_t e = lo * dim; e < (p + 1) * dim; e += 16) __builtin_prefetch(vv + e);
-}
-
 /* Decode attention over the kept keys/values (decode_copy.py's layout) with the new tokens
  * written first. For decode row r (of rows), in slot s = slots[r] at position p = positions[r]:
  *   keys_t[s, h, :, p] = key[r, h, :];  values[s, h, p, :] = value[r, h, :]   (h < kv_heads)
@@ -308,10 +318,6 @@ int shoal_decode_attention(const float *query, int64_t q_stride, const float *ke
         int64_t s = slots[r], p = positions[r];
         int64_t lo = window > 0 && p + 1 > window ? p + 1 - window : 0;
         for (int64_t h = 0; h < kv_heads; h++) {
-            if (h + 1 < kv_heads || r + 1 < rows)  /* the next head's keys and values */
-                prefetch_head(keys_t, values, h + 1 < kv_heads ? s : slots[r + 1],
-                              h + 1 < kv_heads ? h + 1 : 0, kv_heads, dim, width,
-                              h + 1 < kv_heads ? p : positions[r + 1], window);
             float *kt = keys_t + (s * kv_heads + h) * dim * width;
             float *vv = values + (s * kv_heads + h) * width * dim;
             const float *k_new = key + r * k_stride + h * dim;
