@@ -261,12 +261,7 @@ def _decode_rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         keys_t, values = _gather_blocks(layer_cache, batch)
         return decode_attention(query, keys_t, values, decode_row_mask(batch, query.dtype),
                                 scale)
-    keys_t, values = kept.tensors(layer, plan, key.shape[1], key.shape[2], key.dtype, key.device)
-    if plan.gather_rows is not None:  # new sequences (or changed ones) fill their slots
-        fresh_keys_t, fresh_values = _gather_blocks(layer_cache, batch, plan.gather_rows)
-        width = fresh_values.shape[2]
-        keys_t[plan.gather_slots, :, :, :width] = fresh_keys_t
-        values[plan.gather_slots, :, :width] = fresh_values
+    keys_t, values = kept_slots(layer_cache, batch, layer)
     kernels = cpu_kernels() if usable_rows(query, key, value) else None
     if kernels is not None:  # writes the new keys/values and attends, unmasked, in one call
         return kernels.decode_attention(query, key, value, keys_t, values, plan.slots,
@@ -279,6 +274,24 @@ def _decode_rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         return decode_attention(query, keys_t, values, mask, scale)
     slotted = query.new_zeros((plan.capacity, *query.shape[1:])).index_copy_(0, plan.slots, query)
     return decode_attention(slotted, keys_t, values, mask, scale).index_select(0, plan.slots)
+
+
+def kept_slots(layer_cache: torch.Tensor, batch: AttentionBatch,
+               layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The layer's kept keys (transposed) and values for this iteration's decode rows
+    (``batch.decode_copy`` and ``decode_plan`` set), grown to the plan and with the slots of
+    new (or changed) sequences filled from ``layer_cache``; each row's new token is not
+    written yet."""
+    kept, plan = batch.decode_copy, batch.decode_plan
+    assert kept is not None and plan is not None
+    _, _, heads, dim = layer_cache.shape
+    keys_t, values = kept.tensors(layer, plan, heads, dim, layer_cache.dtype, layer_cache.device)
+    if plan.gather_rows is not None:  # new sequences (or changed ones) fill their slots
+        fresh_keys_t, fresh_values = _gather_blocks(layer_cache, batch, plan.gather_rows)
+        width = fresh_values.shape[2]
+        keys_t[plan.gather_slots, :, :, :width] = fresh_keys_t
+        values[plan.gather_slots, :, :width] = fresh_values
+    return keys_t, values
 
 
 def _gather_blocks(layer_cache: torch.Tensor, batch: AttentionBatch,

@@ -193,3 +193,48 @@ def test_unsupported_rope_settings_are_named(tmp_path: pathlib.Path) -> None:
     with pytest.raises(ShoalError, match=r"rope_type 'dynamic' is not supported \(supported: "
                                          r"default, llama3\)"):
         read_model_spec(path)
+
+
+def test_compiled_iteration_equals_the_layer_by_layer_path(
+        family_dir: pathlib.Path, make_executor: MakeExecutor,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The whole decoding iteration in one compiled call (Llama 3: untied, no biases; Qwen2:
+    q/k/v biases, tied embeddings; Mistral) gives the same tokens and, to float32 noise, the
+    same log-probabilities as the layer-by-layer path; Qwen3's QK-norm keeps the latter."""
+    from shoal.workers.llm.kernels import CpuKernels, cpu_kernels
+    from shoal.workers.llm.models.llama import LlamaModel
+
+    kernels = cpu_kernels()
+    if kernels is None or kernels.sgemm is None:
+        pytest.skip("no compiled kernels or BLAS sgemm here")
+    calls = {"n": 0}
+    original = CpuKernels.llama_decode
+
+    def counted(self: CpuKernels, *args: object, **kwargs: object) -> torch.Tensor:
+        calls["n"] += 1
+        return original(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(CpuKernels, "llama_decode", counted)
+    rng = random.Random(9)
+    cases = [(random_prompt(rng, 5, 40), rng.randrange(8, 30)) for _ in range(6)]
+
+    def run() -> list[tuple[list[int], list[float]]]:
+        executor = make_executor(family_dir, ExecutorConfig(max_batch_size=4))
+        ids = [executor.enqueue_request(Request(prompt, max_tokens, output_config=OutputConfig(
+            return_log_probs=True))) for prompt, max_tokens in cases]
+        got = collect(executor, ids)
+        out = []
+        for request_id in ids:
+            (response,) = got[request_id]
+            assert response.result is not None and response.result.log_probs is not None
+            out.append((response.result.output_token_ids[0], response.result.log_probs[0]))
+        return out
+
+    compiled = run()
+    assert (calls["n"] > 0) == (not read_model_spec(family_dir).qk_norm)
+    monkeypatch.setattr(LlamaModel, "_compiled_iteration", lambda self: (None, []))
+    layered = run()
+    for (tokens, log_probs), (expected_tokens, expected_log_probs) in zip(
+            compiled, layered, strict=True):
+        assert tokens == expected_tokens
+        assert log_probs == pytest.approx(expected_log_probs, abs=1e-5)

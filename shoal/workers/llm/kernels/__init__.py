@@ -26,6 +26,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -110,6 +111,12 @@ class CpuKernels:
         self._store_kv = library.shoal_store_kv
         self._store_kv.argtypes = [_ptr, _i64, _ptr, _i64, _i64, _i64, _ptr, _ptr, _ptr, _i64]
         self._store_kv.restype = ctypes.c_int
+        self._llama_decode = library.shoal_llama_decode
+        self._llama_decode.argtypes = [_ptr] + [_i64] * 8 + [_ptr, _ptr, _ptr, _i64, _ptr,
+                                                            _ptr, _ptr, _i64, _ptr, _i64, _i64,
+                                                            _f32, _f32, _ptr, _ptr, _i64, _ptr]
+        self._llama_decode.restype = ctypes.c_int
+        self.sgemm = _blas_sgemm()  # address of the BLAS sgemm torch uses; None: not found
         self._attention = library.shoal_decode_attention
         self._attention.argtypes = [_ptr, _i64, _ptr, _i64, _ptr, _i64, _ptr, _ptr, _ptr, _ptr,
                                     _i64, _i64, _i64, _i64, _i64, _i64, _i64, _f32, _ptr]
@@ -180,6 +187,61 @@ class CpuKernels:
         if status != 0:
             raise ValueError("decode attention: a slot or position outside the kept copy")
         return out
+
+
+    def llama_decode(self, shape: DecodeShape, layer_ptrs: torch.Tensor, hidden: torch.Tensor,
+                     positions: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor,
+                     slot_mapping: torch.Tensor, pool_slots: int, slots: torch.Tensor,
+                     capacity: int, width: int, final_norm: torch.Tensor,
+                     lm_head: torch.Tensor, lm_head_nk: bool) -> torch.Tensor:
+        """A decoding iteration of a Llama-family model (``cpu_kernels.c``
+        ``shoal_llama_decode``): ``hidden`` [rows, hidden_size] the embeddings (overwritten),
+        ``layer_ptrs`` int64 [layers, LAYER_FIELDS] (``layer_fields``); returns float32 logits
+        [rows, vocab]. Needs ``self.sgemm``."""
+        assert self.sgemm is not None
+        rows = hidden.shape[0]
+        logits = torch.empty((rows, shape.vocab), dtype=torch.float32)
+        status = self._llama_decode(
+            self.sgemm, layer_ptrs.shape[0], rows, shape.hidden_size, shape.heads,
+            shape.kv_heads, shape.head_dim, shape.intermediate, shape.vocab,
+            layer_ptrs.data_ptr(), hidden.data_ptr(), positions.data_ptr(), cos.shape[0],
+            cos.data_ptr(), signed_sin.data_ptr(), slot_mapping.data_ptr(), pool_slots,
+            slots.data_ptr(), capacity, width, shape.eps, shape.scale, final_norm.data_ptr(),
+            lm_head.data_ptr(), int(lm_head_nk), logits.data_ptr())
+        if status != 0:
+            raise ValueError("decoding iteration: a position or slot out of range")
+        return logits
+
+
+@dataclass(frozen=True)
+class DecodeShape:
+    """What ``CpuKernels.llama_decode`` needs of a model's configuration."""
+
+    hidden_size: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    eps: float
+    scale: float
+
+
+# one row of llama_decode's layer_ptrs (cpu_kernels.c enum L_*)
+LAYER_FIELDS = ("input_norm", "qkv", "qkv_bias", "out", "out_bias", "post_norm", "gate_up",
+                "gate_up_bias", "down", "down_bias", "keys_t", "values", "pool")
+
+
+def _blas_sgemm() -> int | None:
+    """The address of the Fortran BLAS ``sgemm_`` in torch's CPU library (MKL's on x86-64),
+    so the compiled iteration multiplies with torch's own BLAS; None when torch exports none."""
+    library = Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"
+    try:
+        function = ctypes.CDLL(str(library)).sgemm_
+    except (OSError, AttributeError):
+        return None
+    address = ctypes.cast(function, ctypes.c_void_p).value
+    return int(address) if address else None
 
 
 def usable_rows(*tensors: torch.Tensor) -> bool:

@@ -334,3 +334,100 @@ int shoal_decode_attention(const float *query, int64_t q_stride, const float *ke
     free(scores);
     return 0;
 }
+
+/* ------------------------------------------------------------------------------------------
+ * A whole decoding iteration of a Llama-family model in one call: every layer's RMSNorms,
+ * projections (BLAS sgemm, the one torch uses, passed in as a pointer), rotary embeddings,
+ * KV writes, decode attention over the kept copy and SwiGLU, then the final norm and the
+ * logits. Only for iterations whose every token is a decode row with a kept slot; the caller
+ * has grown the kept copies and gathered the rows that needed it. Saves the ~30 dispatched
+ * calls per layer (torch ops and the kernels above) between which the iteration's Python ran.
+ */
+
+/* Fortran BLAS sgemm (column-major; LP64 ints), as MKL and OpenBLAS export it */
+typedef void (*sgemm_t)(const char *transa, const char *transb, const int *m, const int *n,
+                        const int *k, const float *alpha, const float *a, const int *lda,
+                        const float *b, const int *ldb, const float *beta, float *c,
+                        const int *ldc);
+
+/* out[rows, n] = x[rows, k] @ w (+ bias): w row-major [k, n] (w_is_nk 0: the transposed
+ * weights the models keep) or [n, k] (1: a tied embedding used as the output layer) */
+static void project(sgemm_t sgemm, const float *x, int rows, int k, const float *w, int n,
+                    int w_is_nk, const float *bias, float *out) {
+    const float one = 1.0f, zero = 0.0f;
+    if (w_is_nk)
+        sgemm("T", "N", &n, &rows, &k, &one, w, &k, x, &k, &zero, out, &n);
+    else
+        sgemm("N", "N", &n, &rows, &k, &one, w, &n, x, &k, &zero, out, &n);
+    if (bias != NULL)
+        for (int t = 0; t < rows; t++)
+            for (int i = 0; i < n; i++) out[(int64_t)t * n + i] += bias[i];
+}
+
+enum { L_INPUT_NORM, L_QKV, L_QKV_BIAS, L_OUT, L_OUT_BIAS, L_POST_NORM, L_GATE_UP,
+       L_GATE_UP_BIAS, L_DOWN, L_DOWN_BIAS, L_KEYS_T, L_VALUES, L_POOL, L_FIELDS };
+
+/* hidden [rows, hidden_size] (the token embeddings; overwritten) -> logits [rows, vocab].
+ * layer_ptrs [layers, L_FIELDS]: addresses (0 for an absent bias) of each layer's weights,
+ * its kept keys_t / values ([capacity, kv_heads, dim, width] / [capacity, kv_heads, width,
+ * dim]) and its pool ([2, pool_slots, kv_heads, dim]). Row t is at position positions[t],
+ * writes pool slot slot_mapping[t] and kept slot slots[t]. Returns 0, or -1 (nothing
+ * written) for an index out of range or a failed allocation. */
+int shoal_llama_decode(sgemm_t sgemm, int64_t layers, int64_t rows, int64_t hidden_size,
+                       int64_t heads, int64_t kv_heads, int64_t dim, int64_t inter,
+                       int64_t vocab, const int64_t *layer_ptrs, float *hidden,
+                       const int64_t *positions, int64_t table_rows, const float *cos_table,
+                       const float *ssin_table, const int64_t *slot_mapping,
+                       int64_t pool_slots, const int64_t *slots, int64_t capacity,
+                       int64_t width, float eps, float scale, const float *final_norm,
+                       const float *lm_head, int64_t lm_head_nk, float *logits) {
+    for (int64_t t = 0; t < rows; t++)
+        if (positions[t] < 0 || positions[t] >= table_rows || positions[t] >= width
+            || slot_mapping[t] < 0 || slot_mapping[t] >= pool_slots || slots[t] < 0
+            || slots[t] >= capacity)
+            return -1;
+    if (dim > MAX_DIM || dim % 2 || heads % kv_heads) return -1;
+    int64_t q_size = heads * dim, kv_size = kv_heads * dim, packed = q_size + 2 * kv_size;
+    size_t floats = (size_t)rows * (size_t)(2 * hidden_size + packed + q_size + 3 * inter);
+    float *scratch = malloc(floats * sizeof(float));
+    if (scratch == NULL) return -1;
+    float *normed = scratch, *delta = normed + rows * hidden_size;
+    float *qkv = delta + rows * hidden_size, *attended = qkv + rows * packed;
+    float *gate_up = attended + rows * q_size, *activated = gate_up + rows * 2 * inter;
+    int r = (int)rows, h = (int)hidden_size;
+    for (int64_t l = 0; l < layers; l++) {
+        const int64_t *p = layer_ptrs + l * L_FIELDS;
+        if (l == 0)
+            shoal_rms_norm(hidden, hidden_size, (const float *)p[L_INPUT_NORM], normed, rows,
+                           hidden_size, eps);
+        project(sgemm, normed, r, h, (const float *)p[L_QKV], (int)packed, 0,
+                (const float *)p[L_QKV_BIAS], qkv);
+        shoal_rotary(qkv, packed, rows, heads + kv_heads, dim, positions, table_rows,
+                     cos_table, ssin_table);
+        float *pool = (float *)p[L_POOL];
+        shoal_store_kv(qkv + q_size, packed, qkv + q_size + kv_size, packed, rows, kv_size,
+                       slot_mapping, pool, pool + pool_slots * kv_size, pool_slots);
+        shoal_decode_attention(qkv, packed, qkv + q_size, packed, qkv + q_size + kv_size,
+                               packed, (float *)p[L_KEYS_T], (float *)p[L_VALUES], slots,
+                               positions, rows, heads, kv_heads, dim, capacity, width, 0,
+                               scale, attended);
+        project(sgemm, attended, r, (int)q_size, (const float *)p[L_OUT], h, 0,
+                (const float *)p[L_OUT_BIAS], delta);
+        shoal_add_rms_norm(hidden, delta, (const float *)p[L_POST_NORM], normed, rows,
+                           hidden_size, eps);
+        project(sgemm, normed, r, h, (const float *)p[L_GATE_UP], (int)(2 * inter), 0,
+                (const float *)p[L_GATE_UP_BIAS], gate_up);
+        shoal_silu_mul(gate_up, activated, rows, inter);
+        project(sgemm, activated, r, (int)inter, (const float *)p[L_DOWN], h, 0,
+                (const float *)p[L_DOWN_BIAS], delta);
+        if (l + 1 < layers)
+            shoal_add_rms_norm(hidden, delta, (const float *)layer_ptrs[(l + 1) * L_FIELDS],
+                               normed, rows, hidden_size, eps);
+        else
+            for (int64_t i = 0; i < rows * hidden_size; i++) hidden[i] += delta[i];
+    }
+    shoal_rms_norm(hidden, hidden_size, final_norm, normed, rows, hidden_size, eps);
+    project(sgemm, normed, r, h, lm_head, (int)vocab, (int)lm_head_nk, NULL, logits);
+    free(scratch);
+    return 0;
+}

@@ -65,6 +65,19 @@ class Linear:
         self._weight = weight.t().contiguous() if self._transposed else weight
         self._bias = bias
 
+    @property
+    def weight(self) -> torch.Tensor:
+        """The weight as kept: [in, out] when ``transposed``, else the checkpoint's [out, in]."""
+        return self._weight
+
+    @property
+    def transposed(self) -> bool:
+        return self._transposed
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        return self._bias
+
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         if not self._transposed:
             return F.linear(hidden, self._weight, self._bias)

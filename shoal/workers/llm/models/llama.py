@@ -13,9 +13,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from shoal.workers.llm.attention import AttentionBatch, paged_attention
+from shoal.workers.llm.attention import AttentionBatch, kept_slots, paged_attention
 from shoal.workers.llm.checkpoint import ModelSpec
-from shoal.workers.llm.kernels import CpuKernels, cpu_kernels
+from shoal.workers.llm.kernels import CpuKernels, DecodeShape, cpu_kernels
 from shoal.workers.llm.kv_cache import KvCachePool
 from shoal.workers.llm.models.layers import Linear, activation, rms_norm, take
 from shoal.workers.llm.models.rope import RotaryTable, inverse_frequencies
@@ -53,6 +53,36 @@ class LlamaModel:
         self._layers = [self._load_layer(weights, i) for i in range(spec.num_layers)]
         inv_freq = inverse_frequencies(spec.head_dim, spec.rope_theta, spec.rope_scaling)
         self._rotary = RotaryTable(inv_freq, spec.max_position_embeddings, dtype, device)
+        # the whole decoding iteration in one compiled call, where the model allows it
+        self._decode_shape, self._weight_ptrs = self._compiled_iteration()
+
+    def _compiled_iteration(self) -> tuple[DecodeShape | None, list[list[int]]]:
+        """What ``CpuKernels.llama_decode`` needs (None when it cannot run this model: no
+        kernels or BLAS, QK-norm, sliding windows, another activation), and each layer's weight
+        addresses (``LAYER_FIELDS`` up to the per-iteration ones)."""
+        spec, kernels = self.spec, self._kernels
+        if (kernels is None or kernels.sgemm is None or spec.qk_norm or spec.layer_windows
+                or not self._swiglu
+                or not all(linear.transposed for layer in self._layers
+                           for linear in (layer.qkv, layer.out, layer.gate_up, layer.down))):
+            return None, []
+
+        def address(tensor: torch.Tensor | None) -> int:
+            if tensor is None:
+                return 0
+            assert tensor.is_contiguous() and tensor.dtype == torch.float32
+            return tensor.data_ptr()
+
+        pointers = [[address(t) for t in (
+            layer.input_norm, layer.qkv.weight, layer.qkv.bias, layer.out.weight, layer.out.bias,
+            layer.post_norm, layer.gate_up.weight, layer.gate_up.bias, layer.down.weight,
+            layer.down.bias)] for layer in self._layers]
+        shape = DecodeShape(
+            hidden_size=self._embed.shape[1], heads=spec.num_heads, kv_heads=spec.num_kv_heads,
+            head_dim=spec.head_dim, intermediate=self._layers[0].gate_up.weight.shape[1] // 2,
+            vocab=self._lm_head.weight.shape[1 if self._lm_head.transposed else 0],
+            eps=spec.norm_eps, scale=spec.attention_scale)
+        return shape, pointers
 
     def _load_layer(self, weights: dict[str, torch.Tensor], index: int) -> _Layer:
         prefix = f"model.layers.{index}."
@@ -87,6 +117,10 @@ class LlamaModel:
         """token_ids / positions [T] of the packed batch; returns float32 logits
         [len(logits_rows), vocab] for the packed rows asked for."""
         spec = self.spec
+        if (self._decode_shape is not None and batch.decode_only
+                and batch.decode_plan is not None and batch.decode_copy is not None
+                and logits_rows.shape[0] == token_ids.shape[0] and cpu_kernels() is not None):
+            return self._compiled_decode(token_ids, positions, batch, kv)
         hidden = F.embedding(token_ids, self._embed)
         q_size = spec.num_heads * spec.head_dim
         kv_size = spec.num_kv_heads * spec.head_dim
@@ -127,6 +161,27 @@ class LlamaModel:
         else:
             selected = rms_norm(hidden[logits_rows], self._final_norm, spec.norm_eps)
         return self._lm_head(selected).float()
+
+    def _compiled_decode(self, token_ids: torch.Tensor, positions: torch.Tensor,
+                         batch: AttentionBatch, kv: KvCachePool) -> torch.Tensor:
+        """A decoding iteration (every token a decode row with a kept slot, logits for each
+        row in order) in one call of the compiled kernels; the kept slots are grown and filled
+        first, each layer's, as ``paged_attention`` would."""
+        kernels, shape, plan = self._kernels, self._decode_shape, batch.decode_plan
+        assert kernels is not None and shape is not None and plan is not None
+        hidden = F.embedding(token_ids, self._embed)
+        rows = []
+        pool_slots = capacity = width = 0
+        for index, weights in enumerate(self._weight_ptrs):
+            layer_cache = kv.layer(index)
+            keys_t, values = kept_slots(layer_cache, batch, index)
+            pool_slots, capacity, width = layer_cache.shape[1], keys_t.shape[0], values.shape[2]
+            rows.append([*weights, keys_t.data_ptr(), values.data_ptr(), layer_cache.data_ptr()])
+        lm_head = self._lm_head
+        return kernels.llama_decode(
+            shape, torch.tensor(rows, dtype=torch.int64), hidden, positions, self._rotary.cos,
+            self._rotary.signed_sin, batch.slot_mapping, pool_slots, plan.slots, capacity, width,
+            self._final_norm, lm_head.weight, not lm_head.transposed)
 
     def _fused_layers(self, kernels: CpuKernels, hidden: torch.Tensor, positions: torch.Tensor,
                       batch: AttentionBatch, kv: KvCachePool) -> torch.Tensor:
