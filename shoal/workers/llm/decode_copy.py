@@ -64,9 +64,10 @@ def _round_up(value: int, granule: int) -> int:
 class DecodeKvCopy:
     def __init__(self, bytes_per_token: int, width_growth: float = 1.0) -> None:
         """``bytes_per_token``: the key and value of one token over all layers.
-        ``width_growth``: when a row needs more width than the slots have, they grow to at least
-        this many times their width (1: just enough; more suits an attention that reads only
-        each row's own keys, for which spare width costs nothing)."""
+        ``width_growth``: when a row needs more width than the slots have, they grow to this many
+        times the larger of the row's and their own width (1: just enough; more suits an
+        attention that reads only each row's own keys, for which spare width costs nothing but
+        memory, and saves copying the slots at every block boundary)."""
         self.bytes_per_token = bytes_per_token
         self.width_growth = width_growth
         # layer -> keys transposed [C, Hkv, D, W], values [C, Hkv, W, D]
@@ -84,13 +85,14 @@ class DecodeKvCopy:
         count = len(owners)
         capacity = max(len(self._slots), _round_up(count, SLOT_GRANULE))
         width = self._width
-        if row_width > width:
-            width = max(row_width, int(width * self.width_growth))
+        growth = self.width_growth
+        if row_width > width:  # with headroom: each growth copies every layer's slots
+            width = max(int(row_width * growth), int(width * growth))
         restart = not self.layers
         if count * 2 < capacity and capacity > SLOT_GRANULE:  # mostly idle slots
             capacity, restart = _round_up(count, SLOT_GRANULE), True
-        if row_width * 2 * self.width_growth <= width and width > row_width:  # mostly unused
-            width, restart = row_width, True
+        if row_width * 2 * growth * growth <= width and width > row_width:  # mostly unused
+            width, restart = int(row_width * growth), True
         if capacity * width * self.bytes_per_token > KEEP_DECODE_KV_MAX_BYTES:
             self.forget()
             return None

@@ -68,14 +68,14 @@ class Engine:
         self.guided: GuidedDecoder | None = None  # masks the logits of guided requests
         storage = kv.storage  # [layers, 2, slots, Hkv, D]
         # the compiled attention reads only each row's own keys, so spare width in the kept
-        # copy costs it nothing, and growing it by half at a time saves copying it whole
-        # whenever the longest row reaches a new block
+        # copy costs it nothing, and doubling it saves copying it whole whenever the longest
+        # row reaches a new block
         compiled = (storage.device.type == "cpu" and storage.dtype == torch.float32
                     and cpu_kernels() is not None)
         self._row_masks = not compiled  # the compiled decode attention reads row lengths
         self._decode_copy = DecodeKvCopy(storage.shape[0] * 2 * storage.shape[3]
                                          * storage.shape[4] * storage.element_size(),
-                                         width_growth=1.5 if compiled else 1.0)
+                                         width_growth=2.0 if compiled else 1.0)
 
     @property
     def has_work(self) -> bool:

@@ -139,6 +139,27 @@ def test_mostly_idle_slots_start_over() -> None:
     assert plan is not None and plan.capacity == 8 and gathered(plan) == [0, 1, 2]
 
 
+def test_width_grows_with_headroom_and_outputs_stay_the_gathered_ones() -> None:
+    """width_growth 2 (the compiled attention's setting): the slots start twice as wide as the
+    rows need and double when a row outgrows them, so rows cross block boundaries without a
+    copy each time; the outputs still equal gathering every iteration."""
+    def world() -> tuple[BlockManager, list[torch.Tensor], list[Row]]:
+        blocks = BlockManager(64, BLOCK)
+        return blocks, pools(blocks), [Row(blocks, 3), Row(blocks, 2)]
+
+    blocks, caches, rows = world()
+    fresh_blocks, fresh_caches, fresh_rows = world()  # the same tables and pool contents
+    copy = DecodeKvCopy(TOKEN_BYTES, width_growth=2.0)
+    widths = []
+    for _ in range(7):  # the longest row goes from 4 to 10 tokens
+        kept, plan = step(rows, blocks, caches, copy)
+        expected, _ = step(fresh_rows, fresh_blocks, fresh_caches, None)
+        assert plan is not None
+        widths.append(plan.width)
+        assert torch.allclose(kept, expected, atol=1e-6)
+    assert widths == [8, 8, 8, 8, 8, 24, 24]  # 1, 2 (x4), then 3 blocks of 4 tokens
+
+
 def test_a_copy_too_large_is_not_kept() -> None:
     blocks = BlockManager(32, BLOCK)
     caches = pools(blocks)
