@@ -4,15 +4,19 @@ At the few rows of a decoding step, a Llama layer in plain torch is ~25 dispatch
 3-80 µs each around its four matrix products, and the attention of one query row per sequence
 is two batched products of tiny matrices. These kernels do the same arithmetic in one call each:
 RMSNorm, the residual sum fused with the next RMSNorm, rotary embeddings in place, SwiGLU's
-``silu(gate) * up``, and decode attention over the kept keys/values (``decode_copy.py``) with the
-new tokens' keys and values written first. The matrix products stay with torch (MKL).
+``silu(gate) * up``, the paged KV write, and decode attention over the kept keys/values
+(``decode_copy.py``) with the new tokens' keys and values written first. ``llama_decode`` runs
+a whole decoding iteration of a Llama-family model in one call, its matrix products through the
+BLAS ``sgemm`` torch itself uses (MKL's, found in ``libtorch_cpu.so``); elsewhere the matrix
+products stay with torch.
 
-Built at first use with the system C compiler (``$CC``, else ``cc`` or ``gcc``;
-``-O3 -march=native``) into ``$SHOAL_KERNEL_CACHE`` (default ``~/.cache/shoal/kernels``), one
-file per source, flags and CPU, written under a temporary name and renamed into place, so
-concurrent workers never load a half-written file. Without a compiler, on a failed build, or
-with ``SHOAL_LLM_CPU_KERNELS=0``, ``cpu_kernels()`` is None and the models run their torch ops
-(the same results to float32 rounding; the oracle tests run both).
+Built at first use with the system C compiler (``$CC``, else ``cc`` or ``gcc``; ``-O3
+-march=native``, ``-mcpu=native`` off x86-64) into ``$SHOAL_KERNEL_CACHE`` (default
+``~/.cache/shoal/kernels``), one file per source, flags and CPU, written under a temporary name
+and renamed into place, so concurrent workers never load a half-written file. Without a
+compiler, on a failed build, or with ``SHOAL_LLM_CPU_KERNELS=0``, ``cpu_kernels()`` is None and
+the models run their torch ops (the same results to float32 rounding; the oracle tests run
+both).
 """
 
 from __future__ import annotations
@@ -35,9 +39,12 @@ logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("cpu_kernels.c")
 # -ffp-contract stays GCC's default (fast: FMAs), but shoal_rotary turns it off for itself;
-# -fno-strict-aliasing: exp_inplace reads floats' bits as int32
-FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fno-math-errno",
-         "-fno-trapping-math", "-fno-strict-aliasing", "-shared", "-fPIC")
+# -fno-strict-aliasing: exp_inplace reads floats' bits as int32; on x86-64 the 16-float vectors
+# stay whole AVX-512 registers where the CPU has them (GCC prefers 256-bit ones otherwise)
+_TARGET = (("-march=native", "-mprefer-vector-width=512")
+           if platform.machine().lower() in ("x86_64", "amd64") else ("-mcpu=native",))
+FLAGS = ("-O3", *_TARGET, "-fno-math-errno", "-fno-trapping-math", "-fno-strict-aliasing",
+         "-shared", "-fPIC")
 ENABLE_ENV = "SHOAL_LLM_CPU_KERNELS"
 CACHE_ENV = "SHOAL_KERNEL_CACHE"
 MAX_HEAD_DIM = 512  # cpu_kernels.c MAX_DIM
