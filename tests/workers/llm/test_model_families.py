@@ -98,7 +98,7 @@ def test_model_step_matches_hf_forward(family_dir: pathlib.Path, kernel_path: st
         if kernel_path == "torch":
             assert torch.equal(prefill, context)
         else:
-            assert torch.allclose(prefill, context, atol=1e-4)
+            assert torch.allclose(prefill, context, rtol=1e-4, atol=1e-4)
         reference = hf(torch.tensor([tokens])).logits[0, -1]
     assert torch.allclose(last, reference, atol=1e-4)
 
@@ -198,9 +198,10 @@ def test_unsupported_rope_settings_are_named(tmp_path: pathlib.Path) -> None:
 def test_compiled_iteration_equals_the_layer_by_layer_path(
         family_dir: pathlib.Path, make_executor: MakeExecutor,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """The whole decoding iteration in one compiled call (Llama 3: untied, no biases; Qwen2:
-    q/k/v biases, tied embeddings; Mistral) gives the same tokens and, to float32 noise, the
-    same log-probabilities as the layer-by-layer path; Qwen3's QK-norm keeps the latter."""
+    """Whole iterations in one compiled call (context spans and decode rows, staggered so they
+    mix; Llama 3: untied, no biases; Qwen2: q/k/v biases, tied embeddings; Mistral) give the
+    same tokens and, to float32 noise, the same log-probabilities as the layer-by-layer path;
+    Qwen3's QK-norm keeps the latter."""
     from shoal.workers.llm.kernels import CpuKernels, cpu_kernels
     from shoal.workers.llm.models.llama import LlamaModel
 
@@ -208,13 +209,13 @@ def test_compiled_iteration_equals_the_layer_by_layer_path(
     if kernels is None or kernels.sgemm is None:
         pytest.skip("no compiled kernels or BLAS sgemm here")
     calls = {"n": 0}
-    original = CpuKernels.llama_decode
+    original = CpuKernels.llama_step
 
     def counted(self: CpuKernels, *args: object, **kwargs: object) -> torch.Tensor:
         calls["n"] += 1
         return original(self, *args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(CpuKernels, "llama_decode", counted)
+    monkeypatch.setattr(CpuKernels, "llama_step", counted)
     rng = random.Random(9)
     cases = [(random_prompt(rng, 5, 40), rng.randrange(8, 30)) for _ in range(6)]
 
@@ -237,4 +238,4 @@ def test_compiled_iteration_equals_the_layer_by_layer_path(
     for (tokens, log_probs), (expected_tokens, expected_log_probs) in zip(
             compiled, layered, strict=True):
         assert tokens == expected_tokens
-        assert log_probs == pytest.approx(expected_log_probs, abs=1e-5)
+        assert log_probs == pytest.approx(expected_log_probs, abs=1e-4)

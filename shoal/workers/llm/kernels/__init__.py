@@ -5,8 +5,8 @@ At the few rows of a decoding step, a Llama layer in plain torch is ~25 dispatch
 is two batched products of tiny matrices. These kernels do the same arithmetic in one call each:
 RMSNorm, the residual sum fused with the next RMSNorm, rotary embeddings in place, SwiGLU's
 ``silu(gate) * up``, the paged KV write, and decode attention over the kept keys/values
-(``decode_copy.py``) with the new tokens' keys and values written first. ``llama_decode`` runs
-a whole decoding iteration of a Llama-family model in one call, its matrix products through the
+(``decode_copy.py``) with the new tokens' keys and values written first. ``llama_step`` runs
+a whole iteration of a Llama-family model in one call, its matrix products through the
 BLAS ``sgemm`` torch itself uses (MKL's, found in ``libtorch_cpu.so``); elsewhere the matrix
 products stay with torch.
 
@@ -118,11 +118,12 @@ class CpuKernels:
         self._store_kv = library.shoal_store_kv
         self._store_kv.argtypes = [_ptr, _i64, _ptr, _i64, _i64, _i64, _ptr, _ptr, _ptr, _i64]
         self._store_kv.restype = ctypes.c_int
-        self._llama_decode = library.shoal_llama_decode
-        self._llama_decode.argtypes = [_ptr] + [_i64] * 8 + [_ptr, _ptr, _ptr, _i64, _ptr,
-                                                            _ptr, _ptr, _i64, _ptr, _i64, _i64,
-                                                            _f32, _f32, _ptr, _ptr, _i64, _ptr]
-        self._llama_decode.restype = ctypes.c_int
+        self._llama_step = library.shoal_llama_step
+        self._llama_step.argtypes = (
+            [_ptr] + [_i64] * 8 + [_ptr, _ptr, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _i64, _ptr,
+                                   _ptr, _ptr, _i64, _i64, _i64, _ptr, _i64, _ptr, _f32, _f32,
+                                   _ptr, _ptr, _i64, _ptr])
+        self._llama_step.restype = ctypes.c_int
         self.sgemm = _blas_sgemm()  # address of the BLAS sgemm torch uses; None: not found
         self._attention = library.shoal_decode_attention
         self._attention.argtypes = [_ptr, _i64, _ptr, _i64, _ptr, _i64, _ptr, _ptr, _ptr, _ptr,
@@ -196,33 +197,54 @@ class CpuKernels:
         return out
 
 
-    def llama_decode(self, shape: DecodeShape, layer_ptrs: torch.Tensor, hidden: torch.Tensor,
-                     positions: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor,
-                     slot_mapping: torch.Tensor, pool_slots: int, slots: torch.Tensor,
-                     capacity: int, width: int, final_norm: torch.Tensor,
-                     lm_head: torch.Tensor, lm_head_nk: bool) -> torch.Tensor:
-        """A decoding iteration of a Llama-family model (``cpu_kernels.c``
-        ``shoal_llama_decode``): ``hidden`` [rows, hidden_size] the embeddings (overwritten),
-        ``layer_ptrs`` int64 [layers, LAYER_FIELDS] (``layer_fields``); returns float32 logits
-        [rows, vocab]. Needs ``self.sgemm``."""
+    def llama_step(self, shape: DecodeShape, layer_ptrs: torch.Tensor, hidden: torch.Tensor,
+                   positions: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor],
+                   slot_mapping: torch.Tensor, pool_slots: int, decode: KeptRows | None,
+                   spans: torch.Tensor, logits_rows: torch.Tensor, final_norm: torch.Tensor,
+                   lm_head: torch.Tensor, lm_head_nk: bool) -> torch.Tensor:
+        """An iteration of a Llama-family model (``cpu_kernels.c`` ``shoal_llama_step``):
+        ``hidden`` [rows, hidden_size] the embeddings (overwritten), ``layer_ptrs`` int64
+        [layers, len(LAYER_FIELDS)], ``rotary`` the cos / signed sin tables, ``decode`` the
+        decode rows and their kept slots (None: no decode row), ``spans`` int64 [n, 2] the
+        context spans (packed [start, end), from position 0); returns float32 logits
+        [len(logits_rows), vocab]. Needs ``self.sgemm``."""
         assert self.sgemm is not None
         rows = hidden.shape[0]
-        logits = torch.empty((rows, shape.vocab), dtype=torch.float32)
-        status = self._llama_decode(
+        cos, signed_sin = rotary
+        logits = torch.empty((logits_rows.shape[0], shape.vocab), dtype=torch.float32)
+        status = self._llama_step(
             self.sgemm, layer_ptrs.shape[0], rows, shape.hidden_size, shape.heads,
             shape.kv_heads, shape.head_dim, shape.intermediate, shape.vocab,
             layer_ptrs.data_ptr(), hidden.data_ptr(), positions.data_ptr(), cos.shape[0],
             cos.data_ptr(), signed_sin.data_ptr(), slot_mapping.data_ptr(), pool_slots,
-            slots.data_ptr(), capacity, width, shape.eps, shape.scale, final_norm.data_ptr(),
-            lm_head.data_ptr(), int(lm_head_nk), logits.data_ptr())
+            0 if decode is None else decode.index.shape[0],
+            0 if decode is None else decode.index.data_ptr(),
+            0 if decode is None else decode.slots.data_ptr(),
+            0 if decode is None else decode.positions.data_ptr(),
+            0 if decode is None else decode.capacity, 0 if decode is None else decode.width,
+            spans.shape[0], spans.data_ptr(), logits_rows.shape[0], logits_rows.data_ptr(),
+            shape.eps, shape.scale, final_norm.data_ptr(), lm_head.data_ptr(), int(lm_head_nk),
+            logits.data_ptr())
         if status != 0:
-            raise ValueError("decoding iteration: a position or slot out of range")
+            raise ValueError("LLM iteration: an index out of range, or no memory for scratch")
         return logits
 
 
 @dataclass(frozen=True)
+class KeptRows:
+    """An iteration's decode rows for ``CpuKernels.llama_step``: their packed rows, kept slots
+    and positions (int64 [Bd] each), and the kept copies' slots and width."""
+
+    index: torch.Tensor
+    slots: torch.Tensor
+    positions: torch.Tensor
+    capacity: int
+    width: int
+
+
+@dataclass(frozen=True)
 class DecodeShape:
-    """What ``CpuKernels.llama_decode`` needs of a model's configuration."""
+    """What ``CpuKernels.llama_step`` needs of a model's configuration."""
 
     hidden_size: int
     heads: int
@@ -234,7 +256,7 @@ class DecodeShape:
     scale: float
 
 
-# one row of llama_decode's layer_ptrs (cpu_kernels.c enum L_*)
+# one row of llama_step's layer_ptrs (cpu_kernels.c enum L_*)
 LAYER_FIELDS = ("input_norm", "qkv", "qkv_bias", "out", "out_bias", "post_norm", "gate_up",
                 "gate_up_bias", "down", "down_bias", "keys_t", "values", "pool")
 

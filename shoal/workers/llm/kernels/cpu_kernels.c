@@ -300,12 +300,13 @@ int shoal_store_kv(const float *key, int64_t k_stride, const float *value, int64
  * [C, kv_heads, dim, width] and values [C, kv_heads, width, dim] contiguous; out contiguous
  * [rows, heads, dim]. Returns 0, or -1 (nothing written) when a slot is outside [0, capacity)
  * or a position outside [0, width), heads is not a multiple of kv_heads, or dim > MAX_DIM. */
-int shoal_decode_attention(const float *query, int64_t q_stride, const float *key,
-                           int64_t k_stride, const float *value, int64_t v_stride,
-                           float *keys_t, float *values, const int64_t *slots,
-                           const int64_t *positions, int64_t rows, int64_t heads,
-                           int64_t kv_heads, int64_t dim, int64_t capacity, int64_t width,
-                           int64_t window, float scale, float *out) {
+static int decode_attention_rows(const float *query, int64_t q_stride, const float *key,
+                                 int64_t k_stride, const float *value, int64_t v_stride,
+                                 float *keys_t, float *values, const int64_t *slots,
+                                 const int64_t *positions, const int64_t *row_index,
+                                 int64_t rows, int64_t heads, int64_t kv_heads, int64_t dim,
+                                 int64_t capacity, int64_t width, int64_t window, float scale,
+                                 float *out, int64_t out_stride) {
     int64_t group = heads / kv_heads;
     if (dim > MAX_DIM || group * kv_heads != heads) return -1;
     for (int64_t r = 0; r < rows; r++)
@@ -316,18 +317,19 @@ int shoal_decode_attention(const float *query, int64_t q_stride, const float *ke
     float q[MAX_DIM];
     for (int64_t r = 0; r < rows; r++) {
         int64_t s = slots[r], p = positions[r];
+        int64_t row = row_index != NULL ? row_index[r] : r;  /* in query/key/value/out */
         int64_t lo = window > 0 && p + 1 > window ? p + 1 - window : 0;
         for (int64_t h = 0; h < kv_heads; h++) {
             float *kt = keys_t + (s * kv_heads + h) * dim * width;
             float *vv = values + (s * kv_heads + h) * width * dim;
-            const float *k_new = key + r * k_stride + h * dim;
+            const float *k_new = key + row * k_stride + h * dim;
             for (int64_t d = 0; d < dim; d++) kt[d * width + p] = k_new[d];
-            memcpy(vv + p * dim, value + r * v_stride + h * dim, (size_t)dim * sizeof(float));
+            memcpy(vv + p * dim, value + row * v_stride + h * dim, (size_t)dim * sizeof(float));
             for (int64_t g = 0; g < group; g++) {
-                const float *qr = query + r * q_stride + (h * group + g) * dim;
+                const float *qr = query + row * q_stride + (h * group + g) * dim;
                 for (int64_t d = 0; d < dim; d++) q[d] = qr[d] * scale;
                 attend_any(q, kt, vv, width, lo, p + 1 - lo,
-                           out + (r * heads + h * group + g) * dim, scores, dim);
+                           out + row * out_stride + (h * group + g) * dim, scores, dim);
             }
         }
     }
@@ -335,13 +337,59 @@ int shoal_decode_attention(const float *query, int64_t q_stride, const float *ke
     return 0;
 }
 
+int shoal_decode_attention(const float *query, int64_t q_stride, const float *key,
+                           int64_t k_stride, const float *value, int64_t v_stride,
+                           float *keys_t, float *values, const int64_t *slots,
+                           const int64_t *positions, int64_t rows, int64_t heads,
+                           int64_t kv_heads, int64_t dim, int64_t capacity, int64_t width,
+                           int64_t window, float scale, float *out) {
+    return decode_attention_rows(query, q_stride, key, k_stride, value, v_stride, keys_t,
+                                 values, slots, positions, NULL, rows, heads, kv_heads, dim,
+                                 capacity, width, window, scale, out, heads * dim);
+}
+
+/* Causal attention of a context span: rows [start, start + n) of the packed q/k/v (rows
+ * `stride` apart; queries at 0, keys at q_size, values at q_size + kv_size) attend to the
+ * span's keys up to their own; out rows `out_stride` apart. Each kv head's keys are first
+ * laid out transposed, as the kept copy keeps them, so attend_any serves both. Returns 0, or
+ * -1 when scratch memory cannot be had. */
+static int prefill_attention(const float *qkv, int64_t stride, int64_t start, int64_t n,
+                             int64_t heads, int64_t kv_heads, int64_t dim, float scale,
+                             float *out, int64_t out_stride) {
+    int64_t group = heads / kv_heads, q_size = heads * dim, kv_size = kv_heads * dim;
+    int64_t width = (n + 15) / 16 * 16;  /* padded with zeros: key_scores reads whole blocks */
+    float *kt = calloc((size_t)(2 * width * dim + width + 64), sizeof(float));
+    if (kt == NULL) return -1;
+    float *vv = kt + width * dim, *scores = vv + width * dim;
+    float q[MAX_DIM];
+    for (int64_t h = 0; h < kv_heads; h++) {
+        for (int64_t j = 0; j < n; j++) {
+            const float *row = qkv + (start + j) * stride;
+            for (int64_t d = 0; d < dim; d++) kt[d * width + j] = row[q_size + h * dim + d];
+            memcpy(vv + j * dim, row + q_size + kv_size + h * dim, (size_t)dim * sizeof(float));
+        }
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t g = 0; g < group; g++) {
+                int64_t qh = h * group + g;
+                const float *qr = qkv + (start + i) * stride + qh * dim;
+                for (int64_t d = 0; d < dim; d++) q[d] = qr[d] * scale;
+                attend_any(q, kt, vv, width, 0, i + 1,
+                           out + (start + i) * out_stride + qh * dim, scores, dim);
+            }
+    }
+    free(kt);
+    return 0;
+}
+
 /* ------------------------------------------------------------------------------------------
- * A whole decoding iteration of a Llama-family model in one call: every layer's RMSNorms,
- * projections (BLAS sgemm, the one torch uses, passed in as a pointer), rotary embeddings,
- * KV writes, decode attention over the kept copy and SwiGLU, then the final norm and the
- * logits. Only for iterations whose every token is a decode row with a kept slot; the caller
- * has grown the kept copies and gathered the rows that needed it. Saves the ~30 dispatched
- * calls per layer (torch ops and the kernels above) between which the iteration's Python ran.
+ * A whole iteration of a Llama-family model in one call: every layer's RMSNorms, projections
+ * (BLAS sgemm, the one torch uses, passed in as a pointer), rotary embeddings, KV writes,
+ * attention (decode rows over the kept copy, context spans causally over their own keys) and
+ * SwiGLU, then the final norm and the logits of the rows asked for. For iterations of decode
+ * rows with kept slots and context spans from position 0 (no extend spans, no sliding
+ * windows); the caller has grown the kept copies and gathered the rows that needed it. Saves
+ * the ~30 dispatched calls per layer (torch ops and the kernels above) between which the
+ * iteration's Python ran.
  */
 
 /* Fortran BLAS sgemm (column-major; LP64 ints), as MKL and OpenBLAS export it */
@@ -367,25 +415,39 @@ static void project(sgemm_t sgemm, const float *x, int rows, int k, const float 
 enum { L_INPUT_NORM, L_QKV, L_QKV_BIAS, L_OUT, L_OUT_BIAS, L_POST_NORM, L_GATE_UP,
        L_GATE_UP_BIAS, L_DOWN, L_DOWN_BIAS, L_KEYS_T, L_VALUES, L_POOL, L_FIELDS };
 
-/* hidden [rows, hidden_size] (the token embeddings; overwritten) -> logits [rows, vocab].
- * layer_ptrs [layers, L_FIELDS]: addresses (0 for an absent bias) of each layer's weights,
- * its kept keys_t / values ([capacity, kv_heads, dim, width] / [capacity, kv_heads, width,
- * dim]) and its pool ([2, pool_slots, kv_heads, dim]). Row t is at position positions[t],
- * writes pool slot slot_mapping[t] and kept slot slots[t]. Returns 0, or -1 (nothing
- * written) for an index out of range or a failed allocation. */
-int shoal_llama_decode(sgemm_t sgemm, int64_t layers, int64_t rows, int64_t hidden_size,
-                       int64_t heads, int64_t kv_heads, int64_t dim, int64_t inter,
-                       int64_t vocab, const int64_t *layer_ptrs, float *hidden,
-                       const int64_t *positions, int64_t table_rows, const float *cos_table,
-                       const float *ssin_table, const int64_t *slot_mapping,
-                       int64_t pool_slots, const int64_t *slots, int64_t capacity,
-                       int64_t width, float eps, float scale, const float *final_norm,
-                       const float *lm_head, int64_t lm_head_nk, float *logits) {
+/* hidden [rows, hidden_size] (the token embeddings; overwritten) -> logits [n_logits, vocab] of
+ * packed rows logits_rows. layer_ptrs [layers, L_FIELDS]: addresses (0 for an absent bias) of
+ * each layer's weights, its kept keys_t / values ([capacity, kv_heads, dim, width] /
+ * [capacity, kv_heads, width, dim]) and its pool ([2, pool_slots, kv_heads, dim]). Row t is
+ * at position positions[t] and writes pool slot slot_mapping[t]; decode row i is packed row
+ * decode_index[i], kept in slot slots[i] at position decode_positions[i]; context span i is
+ * packed rows [spans[2i], spans[2i + 1]). Returns 0, or -1: an index out of range (nothing
+ * written) or a failed allocation (the iteration is then lost). */
+int shoal_llama_step(sgemm_t sgemm, int64_t layers, int64_t rows, int64_t hidden_size,
+                     int64_t heads, int64_t kv_heads, int64_t dim, int64_t inter, int64_t vocab,
+                     const int64_t *layer_ptrs, float *hidden, const int64_t *positions,
+                     int64_t table_rows, const float *cos_table, const float *ssin_table,
+                     const int64_t *slot_mapping, int64_t pool_slots, int64_t n_decode,
+                     const int64_t *decode_index, const int64_t *slots,
+                     const int64_t *decode_positions, int64_t capacity, int64_t width,
+                     int64_t n_spans, const int64_t *spans, int64_t n_logits,
+                     const int64_t *logits_rows, float eps, float scale,
+                     const float *final_norm, const float *lm_head, int64_t lm_head_nk,
+                     float *logits) {
     for (int64_t t = 0; t < rows; t++)
-        if (positions[t] < 0 || positions[t] >= table_rows || positions[t] >= width
-            || slot_mapping[t] < 0 || slot_mapping[t] >= pool_slots || slots[t] < 0
-            || slots[t] >= capacity)
+        if (positions[t] < 0 || positions[t] >= table_rows || slot_mapping[t] < 0
+            || slot_mapping[t] >= pool_slots)
             return -1;
+    for (int64_t i = 0; i < n_decode; i++)
+        if (decode_index[i] < 0 || decode_index[i] >= rows || slots[i] < 0
+            || slots[i] >= capacity || decode_positions[i] < 0 || decode_positions[i] >= width)
+            return -1;
+    for (int64_t i = 0; i < n_spans; i++)
+        if (spans[2 * i] < 0 || spans[2 * i + 1] > rows || spans[2 * i] >= spans[2 * i + 1])
+            return -1;
+    if (n_logits > rows) return -1;
+    for (int64_t i = 0; i < n_logits; i++)
+        if (logits_rows[i] < 0 || logits_rows[i] >= rows) return -1;
     if (dim > MAX_DIM || dim % 2 || heads % kv_heads) return -1;
     int64_t q_size = heads * dim, kv_size = kv_heads * dim, packed = q_size + 2 * kv_size;
     size_t floats = (size_t)rows * (size_t)(2 * hidden_size + packed + q_size + 3 * inter);
@@ -395,7 +457,8 @@ int shoal_llama_decode(sgemm_t sgemm, int64_t layers, int64_t rows, int64_t hidd
     float *qkv = delta + rows * hidden_size, *attended = qkv + rows * packed;
     float *gate_up = attended + rows * q_size, *activated = gate_up + rows * 2 * inter;
     int r = (int)rows, h = (int)hidden_size;
-    for (int64_t l = 0; l < layers; l++) {
+    int status = 0;
+    for (int64_t l = 0; l < layers && status == 0; l++) {
         const int64_t *p = layer_ptrs + l * L_FIELDS;
         if (l == 0)
             shoal_rms_norm(hidden, hidden_size, (const float *)p[L_INPUT_NORM], normed, rows,
@@ -407,10 +470,15 @@ int shoal_llama_decode(sgemm_t sgemm, int64_t layers, int64_t rows, int64_t hidd
         float *pool = (float *)p[L_POOL];
         shoal_store_kv(qkv + q_size, packed, qkv + q_size + kv_size, packed, rows, kv_size,
                        slot_mapping, pool, pool + pool_slots * kv_size, pool_slots);
-        shoal_decode_attention(qkv, packed, qkv + q_size, packed, qkv + q_size + kv_size,
-                               packed, (float *)p[L_KEYS_T], (float *)p[L_VALUES], slots,
-                               positions, rows, heads, kv_heads, dim, capacity, width, 0,
-                               scale, attended);
+        if (n_decode > 0)
+            status = decode_attention_rows(
+                qkv, packed, qkv + q_size, packed, qkv + q_size + kv_size, packed,
+                (float *)p[L_KEYS_T], (float *)p[L_VALUES], slots, decode_positions,
+                decode_index, n_decode, heads, kv_heads, dim, capacity, width, 0, scale,
+                attended, q_size);
+        for (int64_t i = 0; i < n_spans && status == 0; i++)
+            status = prefill_attention(qkv, packed, spans[2 * i], spans[2 * i + 1] - spans[2 * i],
+                                       heads, kv_heads, dim, scale, attended, q_size);
         project(sgemm, attended, r, (int)q_size, (const float *)p[L_OUT], h, 0,
                 (const float *)p[L_OUT_BIAS], delta);
         shoal_add_rms_norm(hidden, delta, (const float *)p[L_POST_NORM], normed, rows,
@@ -426,8 +494,14 @@ int shoal_llama_decode(sgemm_t sgemm, int64_t layers, int64_t rows, int64_t hidd
         else
             for (int64_t i = 0; i < rows * hidden_size; i++) hidden[i] += delta[i];
     }
-    shoal_rms_norm(hidden, hidden_size, final_norm, normed, rows, hidden_size, eps);
-    project(sgemm, normed, r, h, lm_head, (int)vocab, (int)lm_head_nk, NULL, logits);
+    if (status == 0) {
+        for (int64_t i = 0; i < n_logits; i++)  /* the rows asked for, packed together */
+            memcpy(delta + i * hidden_size, hidden + logits_rows[i] * hidden_size,
+                   (size_t)hidden_size * sizeof(float));
+        shoal_rms_norm(delta, hidden_size, final_norm, normed, n_logits, hidden_size, eps);
+        project(sgemm, normed, (int)n_logits, h, lm_head, (int)vocab, (int)lm_head_nk, NULL,
+                logits);
+    }
     free(scratch);
-    return 0;
+    return status;
 }

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from shoal.workers.llm.attention import AttentionBatch, kept_slots, paged_attention
 from shoal.workers.llm.checkpoint import ModelSpec
-from shoal.workers.llm.kernels import CpuKernels, DecodeShape, cpu_kernels
+from shoal.workers.llm.kernels import CpuKernels, DecodeShape, KeptRows, cpu_kernels
 from shoal.workers.llm.kv_cache import KvCachePool
 from shoal.workers.llm.models.layers import Linear, activation, rms_norm, take
 from shoal.workers.llm.models.rope import RotaryTable, inverse_frequencies
@@ -53,11 +53,11 @@ class LlamaModel:
         self._layers = [self._load_layer(weights, i) for i in range(spec.num_layers)]
         inv_freq = inverse_frequencies(spec.head_dim, spec.rope_theta, spec.rope_scaling)
         self._rotary = RotaryTable(inv_freq, spec.max_position_embeddings, dtype, device)
-        # the whole decoding iteration in one compiled call, where the model allows it
+        # a whole iteration in one compiled call, where the model allows it
         self._decode_shape, self._weight_ptrs = self._compiled_iteration()
 
     def _compiled_iteration(self) -> tuple[DecodeShape | None, list[list[int]]]:
-        """What ``CpuKernels.llama_decode`` needs (None when it cannot run this model: no
+        """What ``CpuKernels.llama_step`` needs (None when it cannot run this model: no
         kernels or BLAS, QK-norm, sliding windows, another activation), and each layer's weight
         addresses (``LAYER_FIELDS`` up to the per-iteration ones)."""
         spec, kernels = self.spec, self._kernels
@@ -117,10 +117,10 @@ class LlamaModel:
         """token_ids / positions [T] of the packed batch; returns float32 logits
         [len(logits_rows), vocab] for the packed rows asked for."""
         spec = self.spec
-        if (self._decode_shape is not None and batch.decode_only
-                and batch.decode_plan is not None and batch.decode_copy is not None
-                and logits_rows.shape[0] == token_ids.shape[0] and cpu_kernels() is not None):
-            return self._compiled_decode(token_ids, positions, batch, kv)
+        if (self._decode_shape is not None and not batch.extend_spans
+                and (not batch.decode_rows.numel() or batch.decode_plan is not None)
+                and cpu_kernels() is not None):
+            return self._compiled_step(token_ids, positions, batch, kv, logits_rows)
         hidden = F.embedding(token_ids, self._embed)
         q_size = spec.num_heads * spec.head_dim
         kv_size = spec.num_kv_heads * spec.head_dim
@@ -162,26 +162,34 @@ class LlamaModel:
             selected = rms_norm(hidden[logits_rows], self._final_norm, spec.norm_eps)
         return self._lm_head(selected).float()
 
-    def _compiled_decode(self, token_ids: torch.Tensor, positions: torch.Tensor,
-                         batch: AttentionBatch, kv: KvCachePool) -> torch.Tensor:
-        """A decoding iteration (every token a decode row with a kept slot, logits for each
-        row in order) in one call of the compiled kernels; the kept slots are grown and filled
-        first, each layer's, as ``paged_attention`` would."""
+    def _compiled_step(self, token_ids: torch.Tensor, positions: torch.Tensor,
+                       batch: AttentionBatch, kv: KvCachePool,
+                       logits_rows: torch.Tensor) -> torch.Tensor:
+        """An iteration of decode rows with kept slots and context spans (no extend span) in
+        one call of the compiled kernels; the kept slots are grown and filled first, each
+        layer's, as ``paged_attention`` would."""
         kernels, shape, plan = self._kernels, self._decode_shape, batch.decode_plan
-        assert kernels is not None and shape is not None and plan is not None
+        assert kernels is not None and shape is not None
         hidden = F.embedding(token_ids, self._embed)
         rows = []
-        pool_slots = capacity = width = 0
+        decode: KeptRows | None = None
         for index, weights in enumerate(self._weight_ptrs):
             layer_cache = kv.layer(index)
-            keys_t, values = kept_slots(layer_cache, batch, index)
-            pool_slots, capacity, width = layer_cache.shape[1], keys_t.shape[0], values.shape[2]
-            rows.append([*weights, keys_t.data_ptr(), values.data_ptr(), layer_cache.data_ptr()])
+            kept = (0, 0)
+            if plan is not None:
+                keys_t, values = kept_slots(layer_cache, batch, index)
+                kept = (keys_t.data_ptr(), values.data_ptr())
+                if decode is None:
+                    decode = KeptRows(batch.decode_rows, plan.slots, plan.positions,
+                                      keys_t.shape[0], values.shape[2])
+            rows.append([*weights, *kept, layer_cache.data_ptr()])
+        spans = torch.tensor(batch.prefill_spans, dtype=torch.int64).reshape(-1, 2)
         lm_head = self._lm_head
-        return kernels.llama_decode(
-            shape, torch.tensor(rows, dtype=torch.int64), hidden, positions, self._rotary.cos,
-            self._rotary.signed_sin, batch.slot_mapping, pool_slots, plan.slots, capacity, width,
-            self._final_norm, lm_head.weight, not lm_head.transposed)
+        return kernels.llama_step(
+            shape, torch.tensor(rows, dtype=torch.int64), hidden, positions,
+            (self._rotary.cos, self._rotary.signed_sin), batch.slot_mapping,
+            kv.layer(0).shape[1], decode, spans, logits_rows, self._final_norm, lm_head.weight,
+            not lm_head.transposed)
 
     def _fused_layers(self, kernels: CpuKernels, hidden: torch.Tensor, positions: torch.Tensor,
                       batch: AttentionBatch, kv: KvCachePool) -> torch.Tensor:
