@@ -21,6 +21,11 @@ from shoal.workers.llm.models.layers import Linear, activation, rms_norm, take
 from shoal.workers.llm.models.rope import RotaryTable, inverse_frequencies
 from shoal.workers.llm.window import layer_batches
 
+# the compiled iteration's prompt attention reads a query's keys once per query (no tiling):
+# longer prompts go layer by layer, through torch's flash attention kernel (at 1,000 tokens of
+# the benchmark model both took ~104 ms; the quadratic part grows from there)
+COMPILED_SPAN_MAX = 512
+
 
 @dataclass(frozen=True)
 class _Layer:
@@ -119,6 +124,7 @@ class LlamaModel:
         spec = self.spec
         if (self._decode_shape is not None and not batch.extend_spans
                 and (not batch.decode_rows.numel() or batch.decode_plan is not None)
+                and all(end - start <= COMPILED_SPAN_MAX for start, end in batch.prefill_spans)
                 and cpu_kernels() is not None):
             return self._compiled_step(token_ids, positions, batch, kv, logits_rows)
         hidden = F.embedding(token_ids, self._embed)
