@@ -171,17 +171,19 @@ def test_switched_off_by_the_environment(monkeypatch: pytest.MonkeyPatch) -> Non
 
 def test_built_once_into_the_cache_and_loaded_from_it(tmp_path: pathlib.Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """One build (a few seconds) into the cache, replacing an earlier source's; a second call
+    finds it."""
     if cpu_kernels() is None:
         pytest.skip("no C compiler here")
-    monkeypatch.setenv(kernels.CACHE_ENV, str(tmp_path / "cache"))
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "cpu_kernels-0123.so").write_bytes(b"an earlier build")
+    monkeypatch.setenv(kernels.CACHE_ENV, str(cache))
     compiler = kernels.shutil.which("cc") or kernels.shutil.which("gcc")
     assert compiler is not None
     built = kernels._build(compiler)
-    assert built.parent == tmp_path / "cache" and built.suffix == ".so"
-    (tmp_path / "cache" / "cpu_kernels-0123.so").write_bytes(b"an earlier build")
-    built.unlink()
-    built = kernels._build(compiler)
-    assert [p.name for p in built.parent.iterdir()] == [built.name]  # no partial, no stale file
+    assert built.parent == cache and built.suffix == ".so"
+    assert [p.name for p in cache.iterdir()] == [built.name]  # no partial, no stale file
     stamp = built.stat().st_mtime_ns
     assert kernels._build(compiler) == built and built.stat().st_mtime_ns == stamp
 
