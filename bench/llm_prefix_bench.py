@@ -14,9 +14,10 @@ dir, served by ``shoal serve`` with the example's ``llm`` config (KV blocks of 3
    the executor's own TTFT, reuse off vs on.
 2. Inter-token latency of running generations while long prompts arrive, chunked context off vs
    on (``enable_chunked_context``, ``max_num_tokens`` ``--max-num-tokens``, reuse off): 4
-   streams of 160 tokens start from short prompts; 0.5 s later ``--long-prompts`` distinct
-   ``--long-words``-token prompts are sent one after another. ITL p50 / p99 / max over the
-   streams' tokens.
+   streams of ``--stream-tokens`` tokens start from short prompts; 0.2 s later
+   ``--long-prompts`` distinct ``--long-words``-token prompts are sent one after another. ITL
+   p50 / p99 / max over the streams' tokens while the long prompts were being answered (the
+   run fails if a stream ended before the last of them: it would measure nothing).
 
     .venv/bin/python -m bench.llm_prefix_bench                   # prints a markdown section
     .venv/bin/python -m bench.llm_prefix_bench --write           # ... and writes RESULTS.md
@@ -169,19 +170,26 @@ def measure_itl(checkpoint: pathlib.Path, tmp: pathlib.Path, chunked: bool,
         streams: list[list[float]] = []
 
         def run_stream(prompt: str) -> None:
-            streams.append(stream_completion(base, prompt, 160))
+            streams.append(stream_completion(base, prompt, args.stream_tokens))
 
         threads = [threading.Thread(target=run_stream, args=(words(rng, 8),)) for _ in range(4)]
         for thread in threads:
             thread.start()
-        time.sleep(0.5)
+        time.sleep(0.2)
         long_prompts = [words(rng, args.long_words) for _ in range(args.long_prompts)]
+        first = time.monotonic()  # the clock of stream_completion's times
         for prompt in long_prompts:
             stream_completion(base, prompt, 1)
+        last = time.monotonic()
         for thread in threads:
             thread.join()
-        # gaps between consecutive text events (the send -> first token gap is TTFT)
-        return [(b - a) * 1000.0 for times in streams for a, b in itertools.pairwise(times[1:])]
+        if min(times[-1] for times in streams) < last:
+            raise RuntimeError(f"a stream ended before the long prompts did: raise "
+                               f"--stream-tokens ({args.stream_tokens})")
+        # gaps between consecutive text events while the long prompts were answered (the
+        # send -> first token gap is TTFT)
+        return [(b - a) * 1000.0 for times in streams for a, b in itertools.pairwise(times[1:])
+                if b >= first and a <= last]
     finally:
         server.stop()
 
@@ -191,16 +199,25 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def _load_note() -> str:
+    """What the load average says about the run: the benchmark itself keeps about one core
+    busy, so only more than the core count means other work shared the machine."""
+    if os.getloadavg()[0] > (os.cpu_count() or 1):
+        return " (above the core count: other work shared the machine)"
+    return ""
+
+
 def report(ttft: dict[bool, list[float]], floor: list[float], in_process: dict[bool, list[float]],
            itl: dict[bool, list[float]], args: argparse.Namespace) -> str:
     lines = [BEGIN, "## LLM prefix caching and chunked context", "",
              "`.venv/bin/python -m bench.llm_prefix_bench --write` "
              f"(requests {args.requests}, system prompt {args.system_words} tokens, "
              f"long prompts {args.long_prompts} x {args.long_words} tokens, "
-             f"max_num_tokens {args.max_num_tokens} for the ITL runs); "
+             f"max_num_tokens {args.max_num_tokens} and streams of {args.stream_tokens} tokens "
+             "for the ITL runs); "
              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, on this "
              f"{os.cpu_count()}-core machine, 1-minute load average {os.getloadavg()[0]:.1f} at "
-             "the end (above the core count, other work shared the machine).", "",
+             f"the end{_load_note()}.", "",
              "| TTFT, shared system prompt | p50 ms | mean ms | min ms |", "|---|---|---|---|"]
     for reuse in (False, True):
         values = ttft[reuse]
@@ -240,6 +257,8 @@ def main() -> None:
     parser.add_argument("--long-prompts", type=int, default=3)
     parser.add_argument("--long-words", type=int, default=1500)
     parser.add_argument("--max-num-tokens", type=int, default=256)
+    parser.add_argument("--stream-tokens", type=int, default=900,
+                        help="tokens of each running stream in the ITL runs")
     parser.add_argument("--skip-itl", action="store_true")
     parser.add_argument("--write", action="store_true", help="write bench/RESULTS.md")
     args = parser.parse_args()
