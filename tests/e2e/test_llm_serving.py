@@ -7,12 +7,15 @@ are refused naming the input and the model keeps serving."""
 
 from __future__ import annotations
 
+import atexit
 import json
 import pathlib
 import queue
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -37,15 +40,31 @@ PROMPTS = ["Hello world", "The quick brown fox", "Café au lait 日本語", "one
            "Machine learning", "A small model", "Emoji too: 🙂", "Zürich and Kraków"]
 
 
+_PRISTINE: dict[int, pathlib.Path] = {}  # max_positions -> this session's untouched build
+
+
+def _pristine_checkpoint(max_positions: int) -> pathlib.Path:
+    """The example's ``build.py`` output for ``max_positions``, built once per test session
+    (~4 s each: several modules serve the same small checkpoint) into a private temp dir that
+    is removed at exit; callers copy it, so what a test changes in its copy stays there."""
+    built = _PRISTINE.get(max_positions)
+    if built is None:
+        root = pathlib.Path(tempfile.mkdtemp(prefix="shoal-llm-checkpoint-"))
+        atexit.register(shutil.rmtree, root, True)
+        built = root / "checkpoint"
+        subprocess.run([sys.executable, str(EXAMPLE / "build.py"), "--output", str(built),
+                        "--vocab-size", "512", "--hidden-size", "64", "--intermediate-size",
+                        "128", "--layers", "2", "--heads", "4", "--kv-heads", "2",
+                        "--max-positions", str(max_positions)], check=True, capture_output=True)
+        _PRISTINE[max_positions] = built
+    return built
+
+
 def build_llm_model(repo: pathlib.Path, max_positions: int) -> str:
     """``repo/llm`` with its version folder and a small checkpoint built by the example's
     ``build.py``; returns the example's config.pbtxt text for the caller to adjust and write."""
     (repo / "llm" / "1").mkdir(parents=True)
-    subprocess.run([sys.executable, str(EXAMPLE / "build.py"), "--output",
-                    str(repo / "llm" / "checkpoint"), "--vocab-size", "512", "--hidden-size",
-                    "64", "--intermediate-size", "128", "--layers", "2", "--heads", "4",
-                    "--kv-heads", "2", "--max-positions", str(max_positions)],
-                   check=True, capture_output=True)
+    shutil.copytree(_pristine_checkpoint(max_positions), repo / "llm" / "checkpoint")
     return (EXAMPLE / "llm" / "config.pbtxt").read_text()
 
 
