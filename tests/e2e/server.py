@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import random
@@ -17,6 +18,18 @@ import psutil
 
 _LISTEN_PORTS = range(20000, 32768)  # below Linux's ephemeral range (32768-60999 by default)
 _START_ATTEMPTS = 3
+# log files of servers not stopped through ``stop`` (one that was expected to exit by itself,
+# or killed): removed when the test process ends, so no run leaves them in /tmp (a failing
+# test already carries the log's tail in its error)
+_LOGS: set[str] = set()
+
+
+@atexit.register
+def _remove_logs() -> None:
+    for path in list(_LOGS):
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+    _LOGS.clear()
 
 
 def free_port() -> int:
@@ -111,6 +124,7 @@ class ShoalServer:
 
         log = tempfile.NamedTemporaryFile(prefix="shoal-e2e-", suffix=".log", delete=False)  # noqa: SIM115 (closed below, kept for the child)
         self.log_path = log.name
+        _LOGS.add(log.name)
         self.process = subprocess.Popen(
             self.args, stdout=log, stderr=subprocess.STDOUT, env=self.env
         )
@@ -185,6 +199,7 @@ class ShoalServer:
         code = self.process.returncode
         with contextlib.suppress(OSError):
             os.unlink(self.log_path)
+        _LOGS.discard(self.log_path)
         return code
 
     def kill_tree(self) -> None:
