@@ -47,7 +47,6 @@ FLAGS = ("-O3", *_TARGET, "-fno-math-errno", "-fno-trapping-math", "-fno-strict-
          "-shared", "-fPIC")
 ENABLE_ENV = "SHOAL_LLM_CPU_KERNELS"
 CACHE_ENV = "SHOAL_KERNEL_CACHE"
-MAX_HEAD_DIM = 512  # cpu_kernels.c MAX_DIM
 
 _i64 = ctypes.c_int64
 _ptr = ctypes.c_void_p

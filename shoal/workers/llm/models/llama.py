@@ -15,7 +15,13 @@ import torch.nn.functional as F
 
 from shoal.workers.llm.attention import AttentionBatch, kept_slots, paged_attention
 from shoal.workers.llm.checkpoint import ModelSpec
-from shoal.workers.llm.kernels import CpuKernels, DecodeShape, KeptRows, cpu_kernels
+from shoal.workers.llm.kernels import (
+    LAYER_FIELDS,
+    CpuKernels,
+    DecodeShape,
+    KeptRows,
+    cpu_kernels,
+)
 from shoal.workers.llm.kv_cache import KvCachePool
 from shoal.workers.llm.models.layers import Linear, activation, rms_norm, take
 from shoal.workers.llm.models.rope import RotaryTable, inverse_frequencies
@@ -82,6 +88,7 @@ class LlamaModel:
             layer.input_norm, layer.qkv.weight, layer.qkv.bias, layer.out.weight, layer.out.bias,
             layer.post_norm, layer.gate_up.weight, layer.gate_up.bias, layer.down.weight,
             layer.down.bias)] for layer in self._layers]
+        assert len(pointers[0]) == len(LAYER_FIELDS) - 3  # + keys_t, values, pool per iteration
         shape = DecodeShape(
             hidden_size=self._embed.shape[1], heads=spec.num_heads, kv_heads=spec.num_kv_heads,
             head_dim=spec.head_dim, intermediate=self._layers[0].gate_up.weight.shape[1] // 2,
@@ -124,8 +131,7 @@ class LlamaModel:
         spec = self.spec
         if (self._decode_shape is not None and not batch.extend_spans
                 and (not batch.decode_rows.numel() or batch.decode_plan is not None)
-                and all(end - start <= COMPILED_SPAN_MAX for start, end in batch.prefill_spans)
-                and cpu_kernels() is not None):
+                and all(end - start <= COMPILED_SPAN_MAX for start, end in batch.prefill_spans)):
             return self._compiled_step(token_ids, positions, batch, kv, logits_rows)
         hidden = F.embedding(token_ids, self._embed)
         q_size = spec.num_heads * spec.head_dim
@@ -135,8 +141,8 @@ class LlamaModel:
         # sliding windows (spec.layer_windows) folded into each layer's masks
         batches = (layer_batches(batch, spec.layer_windows, self.dtype) if spec.layer_windows
                    else None)
-        kernels = self._kernels if hidden.device.type == "cpu" else None
-        if kernels is not None and batches is None:
+        kernels = self._kernels if batches is None else None  # None also off the CPU
+        if kernels is not None:
             hidden = self._fused_layers(kernels, hidden, positions, batch, kv)
         else:
             for index, layer in enumerate(self._layers):
@@ -162,7 +168,7 @@ class LlamaModel:
                 normed = rms_norm(hidden, layer.post_norm, spec.norm_eps)
                 gate, up = layer.gate_up(normed).chunk(2, dim=-1)
                 hidden = hidden.add_(layer.down(self._act(gate).mul_(up)))
-        if kernels is not None and batches is None:
+        if kernels is not None:
             selected = kernels.rms_norm(hidden[logits_rows], self._final_norm, spec.norm_eps)
         else:
             selected = rms_norm(hidden[logits_rows], self._final_norm, spec.norm_eps)
