@@ -15,6 +15,10 @@ $(BIN)/shoal: pyproject.toml
 	$(BIN)/pip install -q -e '.[test]'
 	# guided decoding's xgrammar without its GPU-only `triton` need (the rest came with .[test])
 	$(BIN)/pip install -q --no-deps 'xgrammar>=0.1.21' 'apache-tvm-ffi>=0.1.11'
+	# the real tritonserver 2.51 (python backend) for the differential tests (tests/conformance):
+	# only its server files are used, so not its numpy<2 pin; the tests skip where it is missing
+	$(BIN)/pip install -q --no-deps 'nvidia-pytriton==0.7.0' \
+	  || echo "nvidia-pytriton not installed: tests/conformance will skip" >&2
 	touch $(BIN)/shoal
 
 setup: $(BIN)/shoal
