@@ -113,6 +113,58 @@ def ragged_double() -> bytes:
         [two])
 
 
+def sequence_controls(*, batching: bool = True) -> bytes:
+    """A sequence model whose graph takes the START and READY control inputs (what the sequence
+    batcher fills): INPUT, START, READY INT32 [batch, 1] (``[1]`` without ``batching``) ->
+    OUTPUT INT32 = READY * (INPUT + START)."""
+    i = TensorProto.INT32
+    shape: list[object] = ["batch", 1] if batching else [1]
+    return _model(
+        [helper.make_node("Add", ["INPUT", "START"], ["started"]),
+         helper.make_node("Mul", ["READY", "started"], ["OUTPUT"])],
+        [_tensor(name, i, shape) for name in ("INPUT", "START", "READY")],
+        [_tensor("OUTPUT", i, shape)])
+
+
+def all_sequence_controls() -> bytes:
+    """A sequence model whose graph takes all four controls: INPUT, START, END, READY INT32 and
+    CORRID UINT64 [batch, 1] -> OUTPUT INT32 = READY * (INPUT + START + END * int32(CORRID))."""
+    i = TensorProto.INT32
+    return _model(
+        [helper.make_node("Cast", ["CORRID"], ["corrid"], to=i),
+         helper.make_node("Mul", ["END", "corrid"], ["ended"]),
+         helper.make_node("Add", ["INPUT", "START"], ["started"]),
+         helper.make_node("Add", ["started", "ended"], ["total"]),
+         helper.make_node("Mul", ["READY", "total"], ["OUTPUT"])],
+        [*(_tensor(name, i, ["batch", 1]) for name in ("INPUT", "START", "END", "READY")),
+         _tensor("CORRID", TensorProto.UINT64, ["batch", 1])],
+        [_tensor("OUTPUT", i, ["batch", 1])])
+
+
+def typed_controls_accumulate() -> bytes:
+    """Controls of other data types beside an implicit state: VALUE INT64, START FP32, END and
+    READY BOOL, CORRID STRING and state SUM_IN INT64, all [batch, 1] ->
+    SUM = state SUM_OUT = SUM_IN + VALUE on a ready row (else SUM_IN), FLAGS INT32 [batch, 2] =
+    (int32(START), int32(END)), CORRID_OUT = CORRID."""
+    i64, i32 = TensorProto.INT64, TensorProto.INT32
+    return _model(
+        [helper.make_node("Add", ["SUM_IN", "VALUE"], ["added"]),
+         helper.make_node("Where", ["READY", "added", "SUM_IN"], ["SUM"]),
+         helper.make_node("Identity", ["SUM"], ["SUM_OUT"]),
+         helper.make_node("Cast", ["START"], ["start"], to=i32),
+         helper.make_node("Cast", ["END"], ["end"], to=i32),
+         helper.make_node("Concat", ["start", "end"], ["FLAGS"], axis=1),
+         helper.make_node("Identity", ["CORRID"], ["CORRID_OUT"])],
+        [_tensor("VALUE", i64, ["batch", 1]), _tensor("START", TensorProto.FLOAT, ["batch", 1]),
+         _tensor("END", TensorProto.BOOL, ["batch", 1]),
+         _tensor("READY", TensorProto.BOOL, ["batch", 1]),
+         _tensor("CORRID", TensorProto.STRING, ["batch", 1]),
+         _tensor("SUM_IN", i64, ["batch", 1])],
+        [_tensor("SUM", i64, ["batch", 1]), _tensor("SUM_OUT", i64, ["batch", 1]),
+         _tensor("FLAGS", i32, ["batch", 2]), _tensor("CORRID_OUT", TensorProto.STRING,
+                                                      ["batch", 1])])
+
+
 def write_model(repo: pathlib.Path, name: str, model: bytes, config: str | None = None,
                 *, as_directory: bool = False) -> bytes:
     version = repo / name / "1"

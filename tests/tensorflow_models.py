@@ -97,3 +97,23 @@ def add_sub_graphdef() -> bytes:
         tf.identity(a + b, name="OUTPUT0")
         tf.identity(a - b, name="OUTPUT1")
     return bytes(graph.as_graph_def().SerializeToString())
+
+
+class SequenceControls(tf.Module):  # type: ignore[misc]
+    """A sequence model taking the START and READY control inputs: INPUT, START, READY INT32
+    [batch, 1] -> OUTPUT = READY * (INPUT + START)."""
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 1], tf.int32)] * 3)
+    def serve(self, INPUT: Any, START: Any, READY: Any) -> Any:
+        return {"OUTPUT": READY * (INPUT + START)}
+
+
+def sequence_controls_graphdef() -> bytes:
+    """The GraphDef of ``SequenceControls``: placeholders INPUT, START, READY INT32 [batch, 1]
+    -> node OUTPUT."""
+    graph = tf.Graph()
+    with graph.as_default():
+        value, start, ready = (tf.compat.v1.placeholder(tf.int32, [None, 1], name=name)
+                               for name in ("INPUT", "START", "READY"))
+        tf.identity(ready * (value + start), name="OUTPUT")
+    return bytes(graph.as_graph_def().SerializeToString())

@@ -276,3 +276,53 @@ def test_fixed_shape_outputs_are_written_into_lent_arena_slots(
     del answers, got, array
     lender.close()
     arena.close()
+
+
+SEQUENCE = """
+name: "seq"
+backend: "onnxruntime"
+max_batch_size: 4
+sequence_batching {
+  control_input [
+    { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] },
+    { name: "READY" control [ { kind: CONTROL_SEQUENCE_READY int32_false_true: [ 0, 1 ] } ] }
+  ]
+}
+input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+"""
+
+
+def test_control_inputs_of_the_graph_are_fed_from_the_requests(tmp_path: pathlib.Path) -> None:
+    """A graph that takes the START / READY controls loads (Triton counts them as inputs) and
+    each request's control rows reach the session by name, one batch run for all rows."""
+    backend = loaded(tmp_path, models.sequence_controls(), SEQUENCE)
+    rows = [(5, 1, 1), (7, 0, 1), (9, 0, 0)]  # (INPUT, START, READY); the last row not ready
+    requests = [make_request(k, {name: np.array([[value]], np.int32) for name, value in
+                                 zip(("INPUT", "START", "READY"), row, strict=True)})
+                for k, row in enumerate(rows)]
+    got = [outputs(answer)["OUTPUT"].tolist() for answer in backend.execute(requests)]
+    assert got == [[[6]], [[7]], [[0]]]
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (('name: "READY"', 'name: "GO"'),
+     "configuration specified sequence control 'GO', but model does not provide that input"),
+    (("CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ]",
+      "CONTROL_SEQUENCE_START fp32_false_true: [ 0, 1 ]"),
+     "unable to load model 'seq', sequence control 'START', the model expects data-type "
+     "TYPE_INT32 but the model configuration specifies data-type TYPE_FP32"),
+    (("max_batch_size: 4", "max_batch_size: 0"),  # the graph's [batch, 1] is then [-1, 1]
+     "unable to load model 'seq', sequence control 'START' in model has dims [-1, 1] but "
+     "dims [1] is expected"),
+    (("},\n    { name: \"READY\" control [ { kind: CONTROL_SEQUENCE_READY int32_false_true: "
+      "[ 0, 1 ] } ] }", "}"),
+     "configuration expects 2 inputs, model provides 3 (not in the configuration: READY)"),
+])
+def test_control_inputs_that_do_not_match_the_graph_fail_the_load(
+        tmp_path: pathlib.Path, edit: tuple[str, str], message: str) -> None:
+    text = SEQUENCE.replace(*edit, 1)
+    assert text != SEQUENCE
+    with pytest.raises(ShoalError) as failure:
+        loaded(tmp_path, models.sequence_controls(), text)
+    assert message in failure.value.message

@@ -284,3 +284,71 @@ def test_a_corrupt_graphdef_fails_the_load_clearly(tmp_path: pathlib.Path) -> No
     (pathlib.Path(ctx.version_dir) / "model.graphdef").write_bytes(b"\x0a\x05 not a graph")
     with pytest.raises(ShoalError, match=r"cannot parse GraphDef 'add_sub/1/model\.graphdef'"):
         TensorflowBackend().load(ctx)
+
+
+SEQUENCE = """
+name: "seq"
+platform: "tensorflow_savedmodel"
+max_batch_size: 4
+sequence_batching {
+  control_input [
+    { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] },
+    { name: "READY" control [ { kind: CONTROL_SEQUENCE_READY int32_false_true: [ 0, 1 ] } ] }
+  ]
+}
+input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+"""
+
+CONTROL_ROWS = [(5, 1, 1), (7, 0, 1), (9, 0, 0)]  # (INPUT, START, READY); the last not ready
+
+
+def control_requests() -> list[Any]:
+    return [make_request(k, {name: np.array([[value]], np.int32) for name, value in
+                             zip(("INPUT", "START", "READY"), row, strict=True)})
+            for k, row in enumerate(CONTROL_ROWS)]
+
+
+def test_sequence_controls_are_signature_inputs_fed_from_the_requests(
+        tmp_path: pathlib.Path) -> None:
+    backend = loaded(tmp_path, models.save(models.SequenceControls(), tmp_path / "s"),
+                     SEQUENCE)
+    got = [outputs(answer)["OUTPUT"].tolist() for answer in backend.execute(control_requests())]
+    assert got == [[[6]], [[7]], [[0]]]
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (('name: "READY"', 'name: "GO"'),
+     "configuration specified sequence control 'GO', but model does not provide that input"),
+    (("CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ]",
+      "CONTROL_SEQUENCE_START fp32_false_true: [ 0, 1 ]"),
+     "unable to load model 'seq', sequence control 'START': the model expects TYPE_INT32 but "
+     "the model configuration specifies data-type TYPE_FP32"),
+    (("},\n    { name: \"READY\" control [ { kind: CONTROL_SEQUENCE_READY int32_false_true: "
+      "[ 0, 1 ] } ] }", "}"),
+     "unable to load model 'seq', configuration expects 2 inputs, model provides 3"),
+])
+def test_sequence_controls_that_do_not_match_the_signature_fail_the_load(
+        tmp_path: pathlib.Path, edit: tuple[str, str], message: str) -> None:
+    text = SEQUENCE.replace(*edit, 1)
+    assert text != SEQUENCE
+    with pytest.raises(ShoalError) as failure:
+        loaded(tmp_path, models.save(models.SequenceControls(), tmp_path / "s"), text)
+    assert message in failure.value.message
+
+
+def test_graphdef_sequence_controls_are_placeholders_fed_by_name(tmp_path: pathlib.Path) -> None:
+    config = SEQUENCE.replace("tensorflow_savedmodel", "tensorflow_graphdef")
+    ctx = make_context(tmp_path / "m", config)
+    (pathlib.Path(ctx.version_dir) / "model.graphdef").write_bytes(
+        models.sequence_controls_graphdef())
+    backend = TensorflowBackend()
+    backend.load(ctx)
+    got = [outputs(answer)["OUTPUT"].tolist() for answer in backend.execute(control_requests())]
+    assert got == [[[6]], [[7]], [[0]]]
+    missing = make_context(tmp_path / "other", config.replace('name: "READY"', 'name: "GO"'))
+    (pathlib.Path(missing.version_dir) / "model.graphdef").write_bytes(
+        models.sequence_controls_graphdef())
+    with pytest.raises(ShoalError, match="configuration specified sequence control 'GO', but "
+                                         "model does not provide that input"):
+        TensorflowBackend().load(missing)

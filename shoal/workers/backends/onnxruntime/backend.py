@@ -8,9 +8,11 @@ and providers of ``session_setup``; the config is checked against the graph (``c
 Execute: with ``max_batch_size > 0`` the requests of a batch run as one session run (each input
 joined along dim 0, zero-copy when the slices are adjacent in shared memory) and every output is
 split back by each request's batch size; with ``max_batch_size == 0`` each request runs alone.
-Inputs are fed by name: config inputs (``reshape`` applied), sequence state inputs
-(``sequence_batching.state``; the worker feeds and writes back the state tensors, so a state is
-just one more graph input and output), and ragged batching's generated inputs
+Inputs are fed by name: config inputs (``reshape`` applied), sequence control inputs
+(``sequence_batching.control_input``: START / END / READY / CORRID, made by the sequence batcher
+with the config's data types; ``shoal.workers.backends.sequence_controls``), sequence state
+inputs (``sequence_batching.state``; the worker feeds and writes back the state tensors, so a
+state is just one more graph input and output), and ragged batching's generated inputs
 (``shoal.workers.ragged``, as in Triton: ``batch_input`` targets by name, ragged inputs flat).
 """
 
@@ -40,6 +42,7 @@ from shoal.workers.backends.onnxruntime.autocomplete import (
 )
 from shoal.workers.backends.onnxruntime.config_check import (
     ConfigTensor,
+    check_controls,
     check_inputs,
     check_outputs,
 )
@@ -51,6 +54,7 @@ from shoal.workers.backends.onnxruntime.session_setup import (
     run_options,
     session_options,
 )
+from shoal.workers.backends.sequence_controls import control_inputs
 from shoal.workers.backends.torchscript_io import IoSpec, io_spec, reshape_output
 from shoal.workers.batch_assembly import split_rows
 from shoal.workers.ragged import RaggedConfig
@@ -66,6 +70,7 @@ class OnnxruntimeBackend:
         self._max_batch = 0
         self._inputs: list[IoSpec] = []
         self._outputs: list[IoSpec] = []
+        self._controls: list[IoSpec] = []  # sequence control inputs (sequence_controls)
         self._state_inputs: list[tuple[str, str]] = []  # (graph input, wire type)
         self._state_outputs: list[tuple[str, str]] = []  # (graph output, wire type)
         self._ragged = RaggedConfig()
@@ -82,6 +87,7 @@ class OnnxruntimeBackend:
         self._max_batch = int(config.max_batch_size)
         self._inputs = [io_spec(io) for io in config.input]
         self._outputs = [io_spec(io) for io in config.output]
+        self._controls = control_inputs(config)
         self._ragged = RaggedConfig.from_model_config(config, ctx.model_name)
         states = config.sequence_batching.state if config.HasField("sequence_batching") else []
         self._state_inputs = [(s.input_name, config_to_wire(_type_name(s.data_type)))
@@ -128,8 +134,11 @@ class OnnxruntimeBackend:
         config_inputs += [ConfigTensor(name, datatype, None)
                           for name, datatype in self._state_inputs]
         optional = graph_tensors(session.get_overridable_initializers())
+        check_controls(model, [ConfigTensor(s.name, s.datatype, s.dims) for s in self._controls],
+                       graph_inputs, optional, batching)
         check_inputs(model, config_inputs, graph_inputs, optional, batching,
-                     generated=self._ragged.extra_input_names)
+                     generated=[*self._ragged.extra_input_names,
+                                *(s.name for s in self._controls)])
         config_outputs = [ConfigTensor(s.name, s.datatype,
                                        None if s.name in self._ragged.scatter_outputs
                                        else _model_dims(s)) for s in self._outputs]
@@ -144,7 +153,7 @@ class OnnxruntimeBackend:
         assert self._runner is not None, "execute() before load()"
         self._runner.release()
         return execute_grouped(requests, batched=self._max_batch > 0,
-                               input_names=[spec.name for spec in self._inputs]
+                               input_names=[spec.name for spec in self._inputs + self._controls]
                                + [name for name, _ in self._state_inputs], run=self._run,
                                runtime="onnxruntime", instance=self._name, log=logger)
 
@@ -163,6 +172,10 @@ class OnnxruntimeBackend:
         for spec in self._inputs:
             feeds[spec.name] = self._input_value(spec, [r.inputs[spec.name] for r in batch],
                                                  total)
+        for spec in self._controls:  # [rows, 1] (or [1]) of the config's data type
+            joined = join_rows([r.inputs[spec.name] for r in batch])
+            feeds[spec.name] = (as_strings(spec.name, joined) if spec.datatype == "BYTES"
+                                else joined)
         for name, _ in self._state_inputs:
             feeds[name] = join_rows([r.inputs[name] for r in batch])
         source_shapes: list[dict[str, tuple[int, ...]]] = []

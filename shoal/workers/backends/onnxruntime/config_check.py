@@ -1,8 +1,10 @@
 """The model config against the ONNX graph, at load, with the messages of Triton's onnxruntime
-backend (ValidateInputs / ValidateOutputs): every config input (and ``batch_input`` target and
-state input) must be a graph input of the same data type and a compatible shape, every graph
-input without a default must be fed, and every config output (and state output) must be a
-graph output of the same data type and a compatible shape. Pure functions; raise INVALID_ARG.
+backend (ValidateInputs / ValidateOutputs / ValidateBooleanSequenceControl /
+ValidateTypedSequenceControl): every config input (and ``batch_input`` target, sequence control
+input and state input) must be a graph input of the same data type and a compatible shape (a
+control: dims ``[1]`` without the batch dim), every graph input without a default must be fed,
+and every config output (and state output) must be a graph output of the same data type and a
+compatible shape. Pure functions; raise INVALID_ARG.
 """
 
 from __future__ import annotations
@@ -26,12 +28,36 @@ class ConfigTensor:
     dims: tuple[int, ...] | None
 
 
+def check_controls(model: str, controls: Sequence[ConfigTensor],
+                   graph_inputs: Sequence[GraphTensor], optional_inputs: Sequence[GraphTensor],
+                   batching: bool) -> None:
+    """Each sequence control input (``sequence_batching.control_input``, with the data type its
+    control gives it) must be a graph input of that data type and of dims ``[1]`` without the
+    batch dim (the shape the sequence batcher feeds)."""
+    graph = {t.name: t for t in [*graph_inputs, *optional_inputs]}
+    for control in controls:
+        found = graph.get(control.name)
+        if found is None:
+            raise invalid_arg(f"configuration specified sequence control '{control.name}', but "
+                              "model does not provide that input")
+        dims = list(found.dims[1:] if batching else found.dims)
+        if dims != [1]:
+            raise invalid_arg(f"unable to load model '{model}', sequence control "
+                              f"'{control.name}' in model has dims {dims} but dims [1] is "
+                              "expected")
+        if control.datatype != found.datatype:
+            raise invalid_arg(f"unable to load model '{model}', sequence control "
+                              f"'{control.name}', the model expects data-type "
+                              f"{config_type_name(found)} but the model configuration "
+                              f"specifies data-type {wire_to_config(control.datatype)}")
+
+
 def check_inputs(model: str, config_inputs: Sequence[ConfigTensor],
                  graph_inputs: Sequence[GraphTensor], optional_inputs: Sequence[GraphTensor],
                  batching: bool, generated: Sequence[str] = ()) -> None:
     """``optional_inputs`` are the graph's overridable initializers (inputs with a default);
     ``generated`` names the inputs the backend makes (ragged batching's ``batch_input`` targets
-    and padding mask), which must be graph inputs too."""
+    and padding mask, the sequence control inputs), which must be graph inputs too."""
     graph = {t.name: t for t in [*graph_inputs, *optional_inputs]}
     for name in generated:
         if name not in graph:

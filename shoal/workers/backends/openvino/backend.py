@@ -5,6 +5,11 @@ Load: ``<version_dir>/<default_model_filename or model.xml>`` (an IR ``model.xml
 ``model.bin`` beside it, or any format OpenVINO reads, e.g. ``model.onnx``) is read by an
 ``ov.Core``, fitted to the config (``model_setup``), compiled for the CPU with the config's
 properties (``parameters``) and given one infer request. Only KIND_CPU instances, as in Triton.
+A sequence model's declared control inputs (``sequence_batching.control_input``; see
+``sequence_controls``) are model inputs too: counted, checked (dims ``[1]``) and fed like config
+inputs. Triton's openvino backend counts only the config's inputs, so it refuses such a model
+("configuration expects 1 inputs, model provides 3") and fails every request of one whose model
+lacks them; shoal serves the first and refuses the second at load.
 
 Execute: with ``max_batch_size > 0`` the requests of a batch run as one inference (each input
 joined along dim 0, zero-copy when the slices are adjacent in shared memory) and every output
@@ -37,6 +42,7 @@ from shoal.workers.backends.openvino.infer import OvRun
 from shoal.workers.backends.openvino.model_setup import prepare_model
 from shoal.workers.backends.openvino.parameters import OpenvinoOptions, openvino_options
 from shoal.workers.backends.openvino.runtime import import_openvino, openvino_message
+from shoal.workers.backends.sequence_controls import control_inputs
 from shoal.workers.backends.torchscript_io import IoSpec, io_spec, reshape_output
 from shoal.workers.batch_assembly import split_rows
 
@@ -60,7 +66,7 @@ class OpenvinoBackend:
     def __init__(self) -> None:
         self._name = ""
         self._max_batch = 0
-        self._inputs: list[IoSpec] = []
+        self._inputs: list[IoSpec] = []  # config inputs, then sequence control inputs
         self._outputs: list[IoSpec] = []
         self._options = OpenvinoOptions()
         self._runner: OvRun | None = None
@@ -77,7 +83,7 @@ class OpenvinoBackend:
                               "supports only CPU device (instance_group kind KIND_CPU)")
         self._name = ctx.instance_name
         self._max_batch = int(config.max_batch_size)
-        self._inputs = [io_spec(io) for io in config.input]
+        self._inputs = [io_spec(io) for io in config.input] + control_inputs(config)
         self._outputs = [io_spec(io) for io in config.output]
         self._options = openvino_options(config, ctx.default_intra_op_threads)
         filename = config.default_model_filename or DEFAULT_MODEL_FILENAME

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shoal.broker.schedulers.sequence.config import SequenceBatcherConfig
+from shoal.workers.backends.sequence_controls import control_inputs
 from shoal.workers.backends.torchscript_io import IoSpec
 
 
@@ -37,10 +38,7 @@ def sequence_tensors(config: Any) -> SequenceTensors:
     if not config.HasField("sequence_batching"):
         return SequenceTensors([], [])
     batcher = SequenceBatcherConfig.from_model_config(config)
-    controls = batcher.controls
-    inputs = [IoSpec(control.name, control.data_type, (1,), None)
-              for control in (controls.start, controls.end, controls.ready, controls.corrid)
-              if control is not None]
+    inputs = control_inputs(config)
     inputs += [IoSpec(state.input_name, state.data_type, state.dims, None)
                for state in batcher.states]
     config_outputs = {io.name for io in config.output}

@@ -33,6 +33,7 @@ from shoal.workers.backends.base import (
     OutputTensor,
 )
 from shoal.workers.backends.grouped_execute import execute_grouped, last_line
+from shoal.workers.backends.sequence_controls import control_inputs
 from shoal.workers.backends.tensorflow.autocomplete import DEFAULT_MODEL_FILENAME
 from shoal.workers.backends.tensorflow.config_check import check_config
 from shoal.workers.backends.tensorflow.graphdef import Run, load_graphdef
@@ -83,15 +84,13 @@ class TensorflowBackend:
                     else "a SavedModel directory (saved_model.pb and variables/)")
             raise invalid_arg(f"unable to find '{shown}' for model instance '{self._name}': "
                               f"{kind}")
-        self._inputs = [io_spec(io) for io in config.input]
+        # the sequence control inputs are fed like config inputs (checked against the model)
+        self._inputs = [io_spec(io) for io in config.input] + control_inputs(config)
         self._outputs = [io_spec(io) for io in config.output]
         signature = None
         if not graphdef:
             signature = read_signature(path, model, params.graph_tag, params.signature_def)
             check_config(model, config, signature)
-            controls = sorted({c.name for c in config.sequence_batching.control_input})
-            self._inputs += [IoSpec(name, t.datatype, t.dims, None) for name in controls
-                             for t in signature.inputs if t.name == name]
 
         tf = self._tf = import_tensorflow()
         intra, inter = thread_counts(params, config, ctx.backend_settings,

@@ -4,6 +4,8 @@ naming the tensor instead of failing every request:
 
 - the config's inputs (plus ``batch_input`` and sequence control tensors) are exactly as many as
   the signature's, and each names a signature input; each output names a signature output;
+- each sequence control tensor is a signature input of the control's data type and of dims
+  ``[1]`` (without the batch dim), the shape the sequence batcher feeds;
 - dims (``reshape`` when given, with the batch dim when ``max_batch_size`` > 0) match the
   signature's shape: -1 in either matches anything for inputs, outputs must match exactly; a
   signature tensor of rank 0 (or unknown rank) takes the config's dims;
@@ -15,7 +17,8 @@ from __future__ import annotations
 from typing import Any
 
 from shoal.dtypes import config_to_wire
-from shoal.errors import invalid_arg
+from shoal.errors import ShoalError, invalid_arg
+from shoal.workers.backends.sequence_controls import CONTROL_DIMS, control_inputs
 from shoal.workers.backends.tensorflow.signature import Signature, SignatureTensor
 
 
@@ -23,20 +26,31 @@ def check_config(model: str, config: Any, signature: Signature) -> None:
     """INVALID_ARG naming the first mismatch between ``config`` (a ModelConfig) and
     ``signature``."""
     batching = config.max_batch_size > 0
-    controls = {control.name for control in config.sequence_batching.control_input} \
-        if config.HasField("sequence_batching") else set()
-    expected = len(config.input) + len(config.batch_input) + len(controls)
-    if expected != len(signature.inputs):
-        raise invalid_arg(f"unable to load model '{model}', configuration expects "
-                          f"{len(config.input)} inputs, model provides {len(signature.inputs)}")
+    controls = control_inputs(config)
     inputs = {t.name: t for t in signature.inputs}
     outputs = {t.name: t for t in signature.outputs}
+    for control in controls:
+        tensor = inputs.get(control.name)
+        if tensor is None:
+            raise invalid_arg(f"configuration specified sequence control '{control.name}', but "
+                              "model does not provide that input")
+        prefix = f"unable to load model '{model}', sequence control '{control.name}'"
+        if tensor.dims:
+            try:
+                _compare_dims(model, control.name, list(tensor.dims), list(CONTROL_DIMS),
+                              batching, exact=True)
+            except ShoalError as exc:
+                raise invalid_arg(f"{prefix}: {exc.message}") from None
+        if tensor.datatype != control.datatype:
+            raise invalid_arg(f"{prefix}: the model expects {_config_type(tensor.datatype)} but "
+                              "the model configuration specifies data-type "
+                              f"{_config_type(control.datatype)}")
+    expected = len(config.input) + len(config.batch_input) + len(controls)
     for io in config.input:
         _check_io(model, io, inputs, "input", batching, exact=False)
-    for name in sorted(controls):
-        if name not in inputs:
-            raise invalid_arg(f"configuration specified sequence control '{name}', but model "
-                              "does not provide that input")
+    if expected != len(signature.inputs):
+        raise invalid_arg(f"unable to load model '{model}', configuration expects "
+                          f"{expected} inputs, model provides {len(signature.inputs)}")
     for io in config.output:
         _check_io(model, io, outputs, "output", batching, exact=True)
 

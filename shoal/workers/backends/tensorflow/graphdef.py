@@ -3,7 +3,8 @@ backend serves them (``graphdef::ValidateTRITONTFModel``): a GraphDef names no i
 outputs, so every ``Placeholder`` node is a potential input and every other node a potential
 output; the config must name them (no auto-complete, as in Triton), by node name. The config
 is checked at load: at most as many inputs as placeholders, each input a placeholder of the
-config's data type, each output another node.
+config's data type, each sequence control input (``sequence_batching.control_input``) a
+placeholder, each output another node. Controls are fed like config inputs.
 
 The graph runs in TensorFlow 2 as a function pruned to the config's tensors
 (``tf.compat.v1.wrap_function`` + ``prune``): node ``NAME`` is fed and fetched as ``NAME:0``.
@@ -16,6 +17,7 @@ from typing import Any
 
 from shoal.dtypes import config_to_wire
 from shoal.errors import invalid_arg
+from shoal.workers.backends.sequence_controls import control_inputs
 from shoal.workers.backends.tensorflow.signature import WIRE_OF_TF_TYPE
 
 Run = Callable[[dict[str, Any]], dict[str, Any]]
@@ -36,9 +38,10 @@ def load_graphdef(tf: Any, path: str, shown: str, model: str, config: Any) -> Ru
     placeholders = {node.name: int(node.attr["dtype"].type) for node in graph_def.node
                     if node.op == "Placeholder"}
     others = {node.name for node in graph_def.node if node.op != "Placeholder"}
-    inputs = [io.name for io in config.input]
+    controls = [spec.name for spec in control_inputs(config)]
+    inputs = [io.name for io in config.input] + controls
     outputs = [io.name for io in config.output]
-    _check(model, config, placeholders, others)
+    _check(model, config, controls, placeholders, others)
 
     def imports() -> None:
         tf.compat.v1.import_graph_def(graph_def, name="")
@@ -57,11 +60,16 @@ def load_graphdef(tf: Any, path: str, shown: str, model: str, config: Any) -> Ru
     return run
 
 
-def _check(model: str, config: Any, placeholders: dict[str, int], others: set[str]) -> None:
+def _check(model: str, config: Any, controls: list[str], placeholders: dict[str, int],
+           others: set[str]) -> None:
     if len(config.input) > len(placeholders):
         raise invalid_arg(f"unable to load model '{model}', configuration expects "
                           f"{len(config.input)} inputs, model provides at most "
                           f"{len(placeholders)}")
+    for name in controls:
+        if name not in placeholders:
+            raise invalid_arg(f"configuration specified sequence control '{name}', but model "
+                              "does not provide that input")
     from tritonclient.grpc import model_config_pb2
 
     for io in config.input:
