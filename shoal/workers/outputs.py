@@ -8,7 +8,9 @@ got the lease has released it (reference count = responses with arena outputs). 
 into a client region need no lease. A streamed response (``write_one``) whose outputs all go to
 the arena and take at most ``INLINE_MAX_BYTES`` carries their bytes inline in its TensorRefs
 instead: no slot, no lease, no release round trip (an LLM stream sends one such response per
-token). Callers serialize calls (the worker holds its output lock).
+token). An arena output of no bytes (a tensor with a 0 dim, a BYTES tensor of no elements) is
+always such an inline TensorRef (``inline=b""``): it takes no slot and holds no lease.
+Callers serialize calls (the worker holds its output lock).
 An output may be a torch tensor (any device): it goes tensor to tensor into a CUDA region, and
 to the host first anywhere else. Copies into CUDA regions may still run when a call returns: the
 caller synchronizes (``DeviceRegions.synchronize``) before it answers.
@@ -148,9 +150,6 @@ class OutputWriter:
             if any(r.target is not None for r in wanted):
                 return None
             tensors = _select_outputs(response, wanted)
-            if isinstance(tensors, Error):
-                plans.append(tensors)
-                continue
             for tensor in tensors:
                 array = tensor.array
                 fixed = FIXED_NUMPY.get(tensor.datatype)  # None != float64 is False in numpy
@@ -216,8 +215,6 @@ class OutputWriter:
     def _place(self, response: BackendResponse, requested: list[RequestedOutput]
                ) -> _Placed | Error:
         tensors = _select_outputs(response, requested)
-        if isinstance(tensors, Error):
-            return tensors
         lender = self._lender
         if not any(r.target is not None for r in requested) and (
                 lender is None or not lender.has_lent):  # the common case: all to the arena
@@ -267,7 +264,13 @@ class OutputWriter:
                 refs.append(TensorRef(tensor.name, tensor.datatype, shape, target.region,
                                       target.offset, nbytes))
                 continue
-            assert slot is not None
+            if not nbytes:  # a tensor of no elements: no bytes to place, none to lease
+                refs.append(TensorRef(tensor.name, tensor.datatype, shape, "", 0, 0,
+                                      inline=b""))
+                continue
+            if slot is None:  # _place counted this output's bytes: the call's slot holds them
+                raise ShoalError(ErrorCode.INTERNAL, "no output slot for output "
+                                 f"'{tensor.name}' ({nbytes} bytes)")
             write_array(slot.view[position:position + nbytes], tensor.array, tensor.datatype)
             refs.append(TensorRef(tensor.name, tensor.datatype, shape, slot.region,
                                   slot.offset + position, nbytes))
@@ -287,18 +290,15 @@ def _inline(placed: _Placed) -> list[TensorRef]:
 
 def _select_outputs(
     response: BackendResponse, requested: list[RequestedOutput]
-) -> list[OutputTensor] | Error:
+) -> list[OutputTensor]:
+    """The response's outputs the request asked for, in the request's order (all of them, in
+    the model's order, when it named none). An output the model did not produce is left out,
+    as Triton does: the answer holds what the model produced of what was asked (possibly
+    nothing), never an error."""
     if not requested:
         return list(response.outputs)
     by_name = {t.name: t for t in response.outputs}
-    chosen: list[OutputTensor] = []
-    for out in requested:
-        tensor = by_name.get(out.name)
-        if tensor is None:
-            return Error(ErrorCode.INTERNAL,
-                         f"model did not produce requested output '{out.name}'")
-        chosen.append(tensor)
-    return chosen
+    return [by_name[out.name] for out in requested if out.name in by_name]
 
 
 def _for_target(tensor: OutputTensor, target: OutputTarget | None) -> OutputTensor:

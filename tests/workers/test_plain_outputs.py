@@ -46,7 +46,8 @@ def _batch() -> tuple[list[int], list[list[RequestedOutput]], list[BackendRespon
         Error(ErrorCode.INVALID_ARG, "failed before the writer"),
         BackendResponse([OutputTensor("Y", "FP32", batch[1:3]),
                          OutputTensor("B", "BOOL", np.array([True, False, True]))]),
-        BackendResponse([OutputTensor("Y", "FP32", batch[3:4])]),  # asks for a missing one
+        # asks for an output it did not produce: answered without it (Triton), no error
+        BackendResponse([OutputTensor("Y", "FP32", batch[3:4])]),
         BackendResponse([OutputTensor("H", "BF16", np.array([1, 2, 3], np.uint16)),
                          OutputTensor("Y", "FP32", batch[4:5])]),
         BackendResponse([]),
@@ -57,7 +58,8 @@ def _batch() -> tuple[list[int], list[list[RequestedOutput]], list[BackendRespon
 
 
 def _contents(arena: Arena, results: list[Result]) -> list[list[bytes]]:
-    return [[bytes(arena_view(arena, ref.region, ref.offset, ref.nbytes)) for ref in r.outputs]
+    return [[ref.inline if ref.inline is not None else
+             bytes(arena_view(arena, ref.region, ref.offset, ref.nbytes)) for ref in r.outputs]
             for r in results]
 
 
@@ -81,7 +83,8 @@ def test_the_plain_path_answers_exactly_as_the_general_path(
     assert _without_names(*got) == _without_names(*expected)
     assert _contents(plain_arena, got[0]) == _contents(general_arena, expected[0])
     assert plain_arena.used_bytes == general_arena.used_bytes > 0
-    assert [r.error is not None for r in got[0]] == [False, True, False, True, False, False]
+    assert [r.error is not None for r in got[0]] == [False, True, False, False, False, False]
+    assert got[0][3].outputs == []  # asked for Z only, which the model did not produce
     assert got[0][2].outputs[0].name == "B" and got[0][2].outputs[1].name == "Y"
     assert got[0][0].parameters == {"p": 1, "q": "x"}
     # three responses hold the lease (those with arena outputs): freed at the third release
@@ -118,6 +121,9 @@ def test_batches_the_plain_path_does_not_cover_are_still_answered(
     assert _contents(plain_arena, got[0]) == _contents(general_arena, expected[0])
     if odd == "other dtype":  # cast to the datatype, as write_array does
         assert got[0][0].outputs[-1].nbytes == 16
+    if odd == "empty":  # no bytes: carried inline, in no slot
+        assert got[0][0].outputs[-1].inline == b""
+        assert got[0][0].outputs[-1].shape == [0, 4]
 
 
 def test_an_unknown_datatype_is_refused_as_by_the_general_path(

@@ -164,17 +164,13 @@ def _checked_output(plan: OutputPlan) -> OutputPlan:
     """Refuse now what could only fail after execution."""
     if plan.shm is not None:
         return plan  # bytes go to the client's region: any datatype, no JSON encoding
-    if plan.classification > 0:
-        if plan.datatype not in CLASSIFIABLE:
-            raise invalid_arg(
-                f"class result not available for output '{plan.name}' due to unsupported "
-                f"type '{plan.datatype}'"
-            )
-    elif not plan.binary and plan.datatype in ("FP16", "BF16"):
+    if plan.classification > 0 and plan.datatype not in CLASSIFIABLE:
         raise invalid_arg(
-            f"sending {plan.datatype} data via JSON is not supported. Please use the binary "
-            f"data format for output '{plan.name}'"
+            f"class result not available for output '{plan.name}' due to unsupported "
+            f"type '{plan.datatype}'"
         )
+    # FP16 / BF16 asked for as JSON is refused only when such an output is answered
+    # (response.json_data), as Triton does: the model may not produce it at all
     return plan
 
 

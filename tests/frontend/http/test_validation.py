@@ -199,9 +199,14 @@ def test_duplicate_output_is_rejected() -> None:
 HALF = make_model("half", [TensorSpec("X", "FP16", [2])])
 
 
-def test_half_precision_output_as_json_is_refused_before_queueing() -> None:
-    request = DecodedRequest([tensor("X", "FP16", [2])])
-    assert "sending FP16 data via JSON is not supported" in error_of(request, HALF)
+def test_half_precision_output_as_json_is_left_to_the_answer() -> None:
+    """Triton refuses FP16 as JSON only for an output the model produced (the response
+    encoder does, tests/frontend/http/test_response.py): the request itself is valid."""
+    for request in (DecodedRequest([tensor("X", "FP16", [2])]),
+                    DecodedRequest([tensor("X", "FP16", [2])], [OutputRequest("OUTPUT0")])):
+        plan = validate_request(request, HALF)
+        assert [(o.name, o.datatype, o.binary) for o in plan.outputs] == \
+            [("OUTPUT0", "FP16", False)]
 
 
 def test_half_precision_output_as_binary_is_fine() -> None:
@@ -235,8 +240,8 @@ def test_repeated_requests_meet_the_same_checks_as_the_first() -> None:
         assert error_of(wrong_shape, THREE).startswith(
             "unexpected shape for input 'INPUT1' for model 'input_all_required'. Expected [4], "
             "got [5]. ")
-        assert "sending FP16 data via JSON is not supported" in \
-            error_of(DecodedRequest([tensor("X", "FP16", [2])]), HALF)
+        assert not validate_request(DecodedRequest([tensor("X", "FP16", [2])]),
+                                    HALF).outputs[0].binary
 
 
 def test_every_input_named_once_with_an_unknown_one_is_still_refused() -> None:
@@ -264,7 +269,7 @@ def test_named_output_plans_follow_binary_data_and_the_default() -> None:
             [("OUTPUT0", binary_default), ("OUTPUT1", True), ("OUTPUT2", False)]
     request = DecodedRequest([tensor("X", "FP16", [2])], [OutputRequest("OUTPUT0")])
     for _ in range(2):
-        assert "sending FP16 data via JSON is not supported" in error_of(request, HALF)
+        assert not validate_request(request, HALF).outputs[0].binary
 
 
 def test_an_output_with_parameters_keeps_its_own_plan() -> None:
