@@ -14,6 +14,9 @@ worker's cancellation flags. BLS (``InferenceRequest(...).exec()`` / ``async_exe
 control go through ``ctx.bls`` (``pb_bls``): model control from ``initialize`` on, BLS inference
 from the end of ``initialize`` until ``finalize``. Not supported yet: rescheduling.
 
+A config ``reshape`` is applied as Triton's core applies it (``reshape.py``): inputs reach
+``execute`` in their reshape shape, outputs leave in their ``dims`` shape.
+
 Ragged batching needs nothing here, as in Triton's python backend: every request reaches the
 model with its own inputs in their own shapes (``allow_ragged_batch`` only lets the broker batch
 them together), and ``batch_input`` / ``batch_output`` are ignored — Triton's python backend never
@@ -46,6 +49,7 @@ from shoal.workers.backends.python import pb_bls, pb_utils
 from shoal.workers.backends.python.loader import import_model_file
 from shoal.workers.backends.python.pb_request import InferenceRequest, InferenceResponse
 from shoal.workers.backends.python.pb_tensor import TRITON_TO_WIRE, Tensor, host_array
+from shoal.workers.backends.python.reshape import Reshape, reshapes, to_client, to_model
 from shoal.workers.backends.torch_threads import apply_intra_op_threads
 
 logger = logging.getLogger(__name__)
@@ -62,6 +66,9 @@ class PythonBackend:
         self._instance_name = ""
         self._output_datatypes: dict[str, str] = {}
         self._all_outputs: list[str] = []
+        self._input_reshapes: dict[str, Reshape] = {}  # config inputs with a ``reshape``
+        self._output_reshapes: dict[str, Reshape] = {}
+        self._batching = False
         self._runner = _AsyncRunner()
         self._warned_dtype: set[str] = set()
         self._decoupled = False
@@ -81,6 +88,9 @@ class PythonBackend:
         self._output_datatypes = {o.name: config_to_wire(_type_name(o.data_type))
                                   for o in config.output if o.data_type != 0}
         self._all_outputs = [o.name for o in config.output]
+        self._input_reshapes = reshapes(config.input)
+        self._output_reshapes = reshapes(config.output)
+        self._batching = config.max_batch_size > 0
         path = self._model_path_override or os.path.join(
             ctx.version_dir, config.default_model_filename or DEFAULT_MODEL_FILENAME)
         module = import_model_file(path)
@@ -169,9 +179,14 @@ class PythonBackend:
         return result
 
     def _wrap_request(self, request: BackendRequest) -> InferenceRequest:
+        inputs = request.inputs
+        if self._input_reshapes:  # the model sees each such input in its reshape shape
+            inputs = {name: to_model(array, self._input_reshapes[name], self._batching)
+                      if name in self._input_reshapes else array
+                      for name, array in inputs.items()}
         tensors = [Tensor._wrap(name, array,
                                 request.input_datatypes.get(name) or numpy_to_wire(array.dtype))
-                   for name, array in request.inputs.items()]
+                   for name, array in inputs.items()]
         requested = list(request.requested_outputs or self._all_outputs)
         parameters = dict(request.parameters) if request.parameters else None
         pb_request = InferenceRequest(
@@ -209,6 +224,9 @@ class PythonBackend:
             # copies every output into shared memory before the request's inputs are released
             # (batch results before the BatchResult, streamed ones inside send()).
             array = host_array(tensor)
+            reshape = self._output_reshapes.get(name)
+            if reshape is not None:  # produced in its reshape shape, answered in its dims
+                array = to_client(array, reshape, self._batching)
             outputs.append(OutputTensor(name, self._output_datatype(tensor), array))
         parameters = _json_params(response.parameters())
         return BackendResponse(outputs=outputs, parameters=parameters)

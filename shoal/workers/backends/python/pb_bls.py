@@ -33,6 +33,7 @@ from shoal.workers.backends.python.pb_request import (
     InferenceRequest,
     InferenceResponse,
     TritonError,
+    text_argument,
 )
 from shoal.workers.backends.python.pb_tensor import (
     TRITON_TO_WIRE,
@@ -134,7 +135,7 @@ def call_of(request: InferenceRequest, decoupled: bool) -> BlsCall:
                                tensor.shape(), host_array(tensor)))
     parameters = json.loads(request.parameters() or "{}")
     return BlsCall(
-        model=request.model_name, inputs=inputs,
+        model=text_argument(request.model_name, "InferenceRequest.model_name"), inputs=inputs,
         outputs=list(dict.fromkeys(request.requested_output_names())),  # a set, as in Triton
         version=int(request.model_version),
         request_id=request.request_id(), correlation_id=request.correlation_id(),
@@ -193,9 +194,10 @@ class ResponseIterator:
 # ---------------------------------------------------------------------- model control
 
 
-def load_model(model_name: str, config: str = "", files: Any = None) -> None:
+def load_model(model_name: str | bytes, config: str = "", files: Any = None) -> None:
     """Returns once the model is ready; TritonModelException with the reason otherwise."""
-    if not isinstance(model_name, str) or not isinstance(config, str):
+    model_name = text_argument(model_name, "load_model(): model_name")
+    if not isinstance(config, str):
         raise TypeError("load_model(): model_name and config must be strings")
     if files is not None and (not isinstance(files, dict) or not all(
             isinstance(k, str) and isinstance(v, bytes | bytearray) for k, v in files.items())):
@@ -223,7 +225,8 @@ def checked_files(model_name: str, config: str, files: dict[str, bytes]) -> dict
     return {f"{FILE_PARAMETER_PREFIX}{path}": data for path, data in overrides.files.items()}
 
 
-def unload_model(model_name: str, unload_dependents: bool = False) -> None:
+def unload_model(model_name: str | bytes, unload_dependents: bool = False) -> None:
+    model_name = text_argument(model_name, "unload_model(): model_name")
     client = _control_client("unload model")
     try:
         client.unload_model(model_name, bool(unload_dependents))
@@ -231,7 +234,8 @@ def unload_model(model_name: str, unload_dependents: bool = False) -> None:
         raise TritonModelException(f"Failed to unload model: {exc.message}") from None
 
 
-def is_model_ready(model_name: str, model_version: str = "") -> bool:
+def is_model_ready(model_name: str | bytes, model_version: str = "") -> bool:
+    model_name = text_argument(model_name, "is_model_ready(): model_name")
     client = _control_client("check model readiness")
     try:
         return client.model_ready(model_name, str(model_version))

@@ -169,12 +169,25 @@ class InferenceResponseSender:
         return self._response
 
 
+def text_argument(value: Any, what: str) -> str:
+    """A string argument of pb_utils as Triton's bindings take it (a C++ ``std::string``):
+    ``str`` (numpy's ``str_`` too), or ``bytes`` / ``bytearray`` (numpy's ``bytes_``, e.g. an
+    element of a BYTES input's array), read as UTF-8; anything else is a TypeError."""
+    if isinstance(value, str):
+        return str(value)
+    if isinstance(value, bytes | bytearray):
+        return bytes(value).decode("utf-8", "replace")
+    raise TypeError(f"{what} must be a str or bytes, not {type(value).__name__}")
+
+
 class InferenceRequest:
-    """``pb_utils.InferenceRequest``: what ``execute`` receives (and the BLS constructor)."""
+    """``pb_utils.InferenceRequest``: what ``execute`` receives (and the BLS constructor).
+    ``model_name`` may be given as bytes (``text_argument``)."""
 
     def __init__(self, request_id: str = "", correlation_id: int | str = 0,
                  inputs: list[Tensor] | None = None,
-                 requested_output_names: list[str] | None = None, model_name: str = "",
+                 requested_output_names: list[str] | None = None,
+                 model_name: str | bytes = "",
                  model_version: int = -1, flags: int = 0, timeout: int = 0,
                  preferred_memory: PreferredMemory | None = None,
                  trace: InferenceTrace | None = None, parameters: Any = None) -> None:
@@ -184,7 +197,7 @@ class InferenceRequest:
         self._correlation_id = correlation_id
         self._inputs: list[Tensor] = list(inputs or [])
         self._requested = list(requested_output_names or [])
-        self.model_name = model_name
+        self.model_name = text_argument(model_name, "InferenceRequest(): model_name")
         self.model_version = model_version
         self._flags = flags
         self._timeout = timeout
