@@ -26,11 +26,13 @@ from shoal.errors import invalid_arg
 from shoal.frontend.http.codec import (
     SEQUENCE_END,
     SEQUENCE_START,
+    UINT64_MAX,
     DecodedInput,
     DecodedRequest,
     OutputRequest,
     add_output_parameter,
     checked_element_count,
+    string_correlation_id,
 )
 from shoal.frontend.shm_params import (
     SHM_BYTE_SIZE,
@@ -96,9 +98,12 @@ def _decode_request_parameters(parameters: Any, decoded: DecodedGrpcRequest) -> 
         kind = param.WhichOneof("parameter_choice")
         value = parameter_value(param)
         if key == "sequence_id":
-            if kind == "string_param" or (kind in ("int64_param", "uint64_param")
-                                          and isinstance(value, int) and value >= 0):
-                request.correlation_id = value  # type: ignore[assignment]
+            # Triton's rule: int64_param (taken as its uint64 bits: -1 is 2^64-1) or
+            # string_param; uint64_param and the rest are refused
+            if kind == "string_param" and isinstance(value, str):
+                request.correlation_id = string_correlation_id(value)
+            elif kind == "int64_param" and isinstance(value, int):
+                request.correlation_id = value & UINT64_MAX
             else:
                 raise invalid_arg("invalid value type for 'sequence_id' parameter, expected "
                                   "int64_param or string_param.")

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from shoal import dtypes
-from shoal.errors import ShoalError, invalid_arg
+from shoal.errors import ShoalError, invalid_arg, unsupported
 from shoal.frontend.http.json_tensors import json_tensor_bytes
 from shoal.frontend.http.jsonparse import parse_json_object
 from shoal.frontend.shm_params import (
@@ -30,6 +30,7 @@ from shoal.frontend.shm_params import (
 from shoal.messages import ModelVersionInfo, Params, ParamValue
 
 UINT64_MAX: Final = (1 << 64) - 1
+MAX_STRING_CORRELATION_ID: Final = 128  # bytes of a string sequence_id (Triton's limit)
 SEQUENCE_START: Final = 1
 SEQUENCE_END: Final = 2
 _LENGTH = struct.Struct("<I")
@@ -162,6 +163,17 @@ def decode_raw_request(body: memoryview, model: ModelVersionInfo) -> DecodedRequ
 # ------------------------------------------------------------------------ request parameters
 
 
+def string_correlation_id(value: str) -> str:
+    """A string ``sequence_id`` as the request's correlation id, over HTTP and gRPC alike:
+    at most ``MAX_STRING_CORRELATION_ID`` characters, else Triton's UNSUPPORTED (501) for any
+    model (Triton's limit counts the UTF-8 bytes). The sequence batcher gives it to a CORRID
+    control of any data type (``broker/schedulers/sequence/controls.py``)."""
+    if len(value.encode()) > MAX_STRING_CORRELATION_ID:
+        raise unsupported(f"string correlation ID cannot be longer than "
+                          f"{MAX_STRING_CORRELATION_ID} characters")
+    return value
+
+
 def _uint(value: Any, limit: int = UINT64_MAX) -> int | None:
     if type(value) is int and 0 <= value <= limit:
         return value
@@ -177,7 +189,7 @@ def decode_request_parameters(value: Any, request: DecodedRequest) -> None:
     for key, item in value.items():
         if key == "sequence_id":
             if isinstance(item, str):
-                request.correlation_id = item
+                request.correlation_id = string_correlation_id(item)
             elif (number := _uint(item)) is not None:
                 request.correlation_id = number
             else:

@@ -233,6 +233,31 @@ def test_string_sequence_id_and_custom_parameters_pass_through() -> None:
     assert decoded.parameters == {"a": -3, "b": False, "c": "x", "d": 0.5, "e": 2**64 - 1}
 
 
+@pytest.mark.parametrize("value,expected", [(5, 5), (-1, 2**64 - 1), (-(2**63), 2**63)])
+def test_an_int64_sequence_id_is_taken_as_its_uint64_bits(value: int, expected: int) -> None:
+    message = raw_request()
+    message.parameters["sequence_id"].int64_param = value
+    assert decode_model_infer_request(message, MODEL).request.correlation_id == expected
+
+
+def test_a_uint64_sequence_id_is_refused_like_triton() -> None:
+    message = raw_request()
+    message.parameters["sequence_id"].uint64_param = 6
+    fails(message, "invalid value type for 'sequence_id' parameter, expected int64_param or "
+                   "string_param.")
+
+
+def test_a_string_sequence_id_over_128_bytes_is_unsupported() -> None:
+    message = raw_request()
+    message.parameters["sequence_id"].string_param = "é" * 64  # 128 bytes: accepted
+    assert decode_model_infer_request(message, MODEL).request.correlation_id == "é" * 64
+    message.parameters["sequence_id"].string_param = "x" * 129
+    with pytest.raises(ShoalError) as caught:
+        decode_model_infer_request(message, MODEL)
+    assert caught.value.code is ErrorCode.UNSUPPORTED
+    assert caught.value.message == "string correlation ID cannot be longer than 128 characters"
+
+
 @pytest.mark.parametrize("key,kind,value,text", [
     ("priority", "string_param", "1", "expected int64_param or uint64_param."),
     ("priority", "int64_param", -1, "invalid value for 'priority', expected value >= 0."),

@@ -320,6 +320,14 @@ def test_string_sequence_id_is_kept_as_a_string() -> None:
     assert request.correlation_id == "abc" and request.flags == 0
 
 
+def test_a_string_sequence_id_over_128_bytes_is_unsupported() -> None:
+    assert decode({"inputs": [], "parameters": {"sequence_id": "x" * 128}}).correlation_id \
+        == "x" * 128
+    error = error_of(lambda: decode({"inputs": [], "parameters": {"sequence_id": "é" * 65}}))
+    assert error.code is ErrorCode.UNSUPPORTED
+    assert error.message == "string correlation ID cannot be longer than 128 characters"
+
+
 @pytest.mark.parametrize("parameters,needle", [
     ({"triton_enable_empty_final_response": True}, "reserved for Triton"),
     ({"priority": -1}, "'priority'"),

@@ -35,16 +35,16 @@ execution sent before it).
 Ownership: a request belongs to the batcher from a ``submit`` that returned None until it leaves
 through ``next_batch``, ``expire`` (a Rejection), ``cancel``, ``fail_instance`` or ``drain``.
 
-Sequence rules (Triton's, with its messages): a request needs a non-zero / non-empty correlation
-id of the CORRID control's kind (string vs integer), at most 128 bytes when a string, and batch
-size 1; a request without START on an id with no live sequence is rejected ("must specify the
-START flag"); END closes the sequence when it is submitted. A START on a live id is Triton's
-conflict: the earlier sequence ends (its queued requests still run first, then the new START
-re-initializes the state in the same slot) and a SequenceConflict notice carries the warning.
-A sequence with nothing queued or running for ``max_sequence_idle_microseconds`` is released
-(its slot goes to the backlog; a later request on it needs START). The ``timeout`` of a request
-applies only while its sequence waits in the backlog: the whole backlogged sequence is then
-rejected ("timeout of the corresponding sequence has been expired"), and the id forgotten.
+Sequence rules (Triton's, with its messages): a request needs a non-zero / non-empty correlation id
+(a string one, at most 128 bytes, fits a CORRID control of any type; an integer one does not fit a
+string CORRID) and batch size 1; a request without START on an id with no live sequence is rejected
+("must specify the START flag"); END closes the sequence when it is submitted. A START on a live id
+is Triton's conflict: the earlier sequence ends (its queued requests still run first, then the new
+START re-initializes the state in the same slot) and a SequenceConflict notice carries the warning.
+A sequence with nothing queued or running for ``max_sequence_idle_microseconds`` is released (its
+slot goes to the backlog; a later request on it needs START). The ``timeout`` of a request applies
+only while its sequence waits in the backlog: the whole backlogged sequence is then rejected
+("timeout of the corresponding sequence has been expired"), and the id forgotten.
 
 Deliberate differences from Triton, each for a client that behaves: idle time counts from the
 later of the last arrival and the last completion, and restarts when a backlogged sequence gets

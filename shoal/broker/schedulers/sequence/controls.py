@@ -9,7 +9,13 @@ Shapes: Triton gives each request a [1] control input, so an execution of N rows
 when the model batches (max_batch_size > 0) and [1] when it does not.
 
 CORRID values: Triton copies the request's uint64 id into the control's element size, so UINT32
-and INT32 keep the low 32 bits and INT64 reinterprets the bits (two's complement).
+and INT32 keep the low 32 bits and INT64 reinterprets the bits (two's complement). A string id
+given to an integer CORRID (Triton 2.51 accepts it) becomes what Triton writes there: the
+string's BYTES element (4-byte little-endian length, then its UTF-8 bytes) cut to the control's
+element size and read as that integer type. Triton leaves the bytes past a short string's end
+as they were in its buffer and writes a long one past the element (heap corruption: a string of
+100+ bytes for a UINT64 CORRID crashed tritonserver 2.51); shoal zero-fills the element and
+writes nothing past it.
 """
 
 from __future__ import annotations
@@ -102,11 +108,15 @@ def _corrid_tensor(
 
 
 def corrid_integer(data_type: str, correlation_id: CorrelationId) -> int:
-    """The value an integer CORRID control carries for ``correlation_id`` (0 for a string id,
-    which submit rejects for an integer control; here only for not-ready rows)."""
+    """The value an integer CORRID control carries for ``correlation_id``: an integer id's low
+    bits, a string id's leading BYTES-element bytes (module docstring); 0 for a not-ready row."""
     bits, signed = _INT_BITS[data_type]
-    value = correlation_id if isinstance(correlation_id, int) else 0
-    value &= (1 << bits) - 1
+    if isinstance(correlation_id, str):
+        encoded = correlation_id.encode()
+        element = (len(encoded).to_bytes(4, "little") + encoded)[:bits // 8]
+        value = int.from_bytes(element, "little")
+    else:
+        value = correlation_id & ((1 << bits) - 1)
     if signed and value >= 1 << (bits - 1):
         value -= 1 << bits
     return value

@@ -1,6 +1,6 @@
 """What the sequence batcher knows about one request, and the checks Triton makes before a
-request enters a sequence (messages as Triton's ``SequenceBatchScheduler::Enqueue``, the
-``Sequencer`` and core#425's correlation-id type check)."""
+request enters a sequence (messages as Triton's ``SequenceBatchScheduler::Enqueue`` and the
+``Sequencer``)."""
 
 from __future__ import annotations
 
@@ -50,22 +50,29 @@ def id_text(correlation_id: CorrelationId) -> str:
 
 
 def check_request(config: SequenceBatcherConfig, request: SequenceRequest) -> Rejection | None:
-    """The checks that do not depend on the batcher's state, in Triton's order: the id's type
-    against the CORRID control (request normalization), then batch size, then a missing id."""
+    """The checks that do not depend on the batcher's state, in Triton's order: the id itself
+    (a string over 128 bytes is refused before any model sees it; a client's is refused by the
+    frontend already, this catches BLS and ensemble requests), an integer id for a string
+    CORRID, then batch size, then a missing id.
+
+    A string id for an integer CORRID is accepted, as Triton 2.51 accepts it: the sequence is
+    routed by the string, and the control carries the bytes ``controls.corrid_integer`` says.
+    An integer id for a string CORRID is refused (INVALID_ARG, shoal's message): Triton 2.51
+    lets it through but fills the string control with the integer's raw bytes, which the
+    backend then refuses as a malformed BYTES tensor (also INVALID_ARG)."""
     model = config.model_name
     correlation_id = request.correlation_id
     if isinstance(correlation_id, int) and not 0 <= correlation_id <= _MAX_UINT64:
         return _invalid(request, f"sequence_id for model '{model}' must be an unsigned 64-bit "
                                  "integer or a string")
-    corrid = config.controls.corrid
-    if corrid is not None and has_correlation_id(correlation_id):
-        sent = "BYTES" if isinstance(correlation_id, str) else "UINT64"
-        if (sent == "BYTES") != (corrid.data_type == "BYTES"):
-            return _invalid(request, f"sequence batching control '{corrid.name}' data-type is "
-                                     f"'{sent}', but model '{model}' expects '{corrid.data_type}'")
     if isinstance(correlation_id, str) and len(correlation_id.encode()) > MAX_STRING_ID_BYTES:
-        return _invalid(request, f"sequence_id for model '{model}' must be at most "
-                                 f"{MAX_STRING_ID_BYTES} bytes, got {len(correlation_id.encode())}")
+        return Rejection(request, ErrorCode.UNSUPPORTED, "string correlation ID cannot be "
+                         f"longer than {MAX_STRING_ID_BYTES} characters")
+    corrid = config.controls.corrid
+    if (corrid is not None and corrid.data_type == "BYTES" and isinstance(correlation_id, int)
+            and correlation_id != 0):
+        return _invalid(request, f"sequence batching control '{corrid.name}' data-type is "
+                                 f"'UINT64', but model '{model}' expects 'BYTES'")
     if request.batch_size > 1:
         return _invalid(request, f"inference request to model '{model}' must specify batch-size "
                                  "1 due to requirements of sequence batcher")

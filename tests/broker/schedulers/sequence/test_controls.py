@@ -86,6 +86,28 @@ def test_integer_corrid_keeps_the_low_bits_of_the_uint64_id(
     assert corrid_integer(data_type, correlation_id) == expected
 
 
+@pytest.mark.parametrize(
+    ("data_type", "correlation_id", "expected"),
+    [
+        # Triton 2.51 measured: "a" -> 01 00 00 00 61 then bytes it left unwritten (zero here)
+        ("UINT64", "a", 0x61_00000001),
+        ("UINT64", "abcdefgh", 0x64636261_00000008),  # length 8, then "abcd"
+        ("INT64", "\xff\xff\xff", int.from_bytes(b"\x06\0\0\0\xc3\xbf\xc3\xbf", "little",
+                                              signed=True)),
+        ("UINT32", "abcdefgh", 8),  # a 4-byte control holds only the length
+        ("INT32", "x" * 128, 128),
+    ],
+)
+def test_a_string_id_gives_an_integer_corrid_the_leading_bytes_of_its_bytes_element(
+    data_type: str, correlation_id: str, expected: int
+) -> None:
+    assert corrid_integer(data_type, correlation_id) == expected
+    corrid = ControlInputs(corrid=CorridControl("C", data_type))
+    rows = [RowControl.for_request(request(1, correlation_id, START)), NOT_READY]
+    tensor = build_control_tensors(corrid, rows, batching=True)["C"]
+    assert tensor[:, 0].tolist() == [expected, 0]
+
+
 def test_string_corrid_is_a_bytes_tensor_and_empty_for_a_not_ready_row() -> None:
     corrid = ControlInputs(corrid=CorridControl("C", "BYTES"))
     rows = [RowControl.for_request(request(1, "seq-é", START)), NOT_READY]

@@ -60,9 +60,12 @@ def test_a_continuation_after_end_is_rejected() -> None:
     assert "must specify the START flag" in refusal(scheduler, 2, 5)
 
 
-def test_a_string_id_for_an_integer_corrid_is_rejected() -> None:
-    assert refusal(batcher("UINT64"), 1, "abc", START) == (
-        "sequence batching control 'CORRID' data-type is 'BYTES', but model 'm' expects 'UINT64'")
+@pytest.mark.parametrize("corrid_type", ["UINT64", "INT64", "UINT32", "INT32"])
+def test_a_string_id_for_an_integer_corrid_is_accepted_like_triton(corrid_type: str) -> None:
+    scheduler = batcher(corrid_type)
+    assert scheduler.submit(request(1, "abcdX", START), now=0.0) is None
+    # routed by the string, not by the control value: "abcdY" has the same leading bytes
+    assert "must specify the START flag" in refusal(scheduler, 2, "abcdY")
 
 
 def test_an_integer_id_for_a_string_corrid_is_rejected() -> None:
@@ -80,11 +83,12 @@ def test_without_a_corrid_control_both_id_kinds_are_accepted(correlation_id: Cor
     assert batcher(None).submit(request(1, correlation_id, START), now=0.0) is None
 
 
-def test_a_string_id_longer_than_128_bytes_is_rejected() -> None:
+def test_a_string_id_longer_than_128_bytes_is_unsupported() -> None:
     scheduler = batcher("BYTES")
     assert scheduler.submit(request(1, "x" * 128, START), now=0.0) is None
-    assert refusal(scheduler, 2, "é" * 65, START) == (
-        "sequence_id for model 'm' must be at most 128 bytes, got 130")
+    rejection = scheduler.submit(request(2, "é" * 65, START), now=0.0)  # 130 bytes
+    assert rejection is not None and rejection.code == ErrorCode.UNSUPPORTED
+    assert rejection.message == "string correlation ID cannot be longer than 128 characters"
 
 
 @pytest.mark.parametrize("correlation_id", [-1, 2**64])

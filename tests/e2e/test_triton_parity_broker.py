@@ -1,0 +1,284 @@
+"""Behaviour measured against the real tritonserver 2.51 (issue #24, the broker's findings), end
+to end on one shoal server in explicit model-control mode over a numpy-only python repository:
+
+- string and integer ``sequence_id`` against UINT64 and STRING CORRID controls (HTTP and gRPC);
+- what the statistics and ``/metrics`` count for an error response, an ``execute`` that raises,
+  decoupled models (``generate`` included) and an output region too small; the pinned-memory
+  pool gauges;
+- the repository index and ``/metrics`` after loads and unloads of names that are not models.
+
+Each expectation is what Triton 2.51 answered to the same traffic (see each test).
+"""
+
+from __future__ import annotations
+
+import pathlib
+import textwrap
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import httpx
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.utils import InferenceServerException
+
+from tests.e2e.conftest import serving
+from tests.e2e.server import ShoalServer
+
+# ------------------------------------------------------------------------ the repository
+
+SEQUENCE_CONFIG = """
+name: "{name}"
+backend: "python"
+max_batch_size: 4
+sequence_batching {{
+  max_sequence_idle_microseconds: 60000000
+  control_input [
+    {{ name: "START" control [{{ kind: CONTROL_SEQUENCE_START int32_false_true: [0, 1] }}] }},
+    {{ name: "CORRID" control [{{ kind: CONTROL_SEQUENCE_CORRID data_type: {corrid} }}] }}
+  ]
+}}
+input [{{ name: "INPUT0" data_type: TYPE_INT32 dims: [ 1 ] }}]
+output [{{ name: "SEEN" data_type: TYPE_STRING dims: [ 1 ] }}]
+"""
+
+# answers the CORRID element it got ("uint64:5", "bytes:b'id'") and its correlation_id()
+SEQUENCE_MODEL = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            corrid = pb_utils.get_input_tensor_by_name(r, "CORRID").as_numpy().ravel()[0]
+            value = (f"bytes:{corrid!r}" if isinstance(corrid, bytes)
+                     else f"{corrid.dtype}:{int(corrid)}")
+            seen = f"{value}|{r.correlation_id()!r}"
+            out.append(pb_utils.InferenceResponse([
+                pb_utils.Tensor("SEEN", np.array([[seen.encode()]], dtype=np.object_))]))
+        return out
+'''
+
+PLAIN_CONFIG = """
+name: "{name}"
+backend: "python"
+max_batch_size: 0
+model_transaction_policy {{ decoupled: {decoupled} }}
+input [{{ name: "IN" data_type: TYPE_FP32 dims: [ 4 ] }}]
+output [{{ name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] }}]
+"""
+
+PLAIN_MODEL = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+def out(r):
+    x = pb_utils.get_input_tensor_by_name(r, "IN").as_numpy()
+    return pb_utils.InferenceResponse([pb_utils.Tensor("OUT", x.copy())])
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        if {fail_init}:
+            raise RuntimeError("init boom")
+
+    def execute(self, requests):
+{body}
+'''
+
+BODIES = {
+    "ident": "        return [out(r) for r in requests]",
+    "err_resp": '        return [pb_utils.InferenceResponse(error=pb_utils.TritonError("boom"))\n'
+                "                for r in requests]",
+    "raises": '        raise RuntimeError("kaboom")',
+    "dec2": """        for r in requests:
+            sender = r.get_response_sender()
+            sender.send(out(r))
+            sender.send(out(r))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None""",
+    "dec_err": """        for r in requests:
+            sender = r.get_response_sender()
+            sender.send(out(r))
+            sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError("late boom")),
+                        flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None""",
+    "dec_raise": '        raise RuntimeError("dec kaboom")',
+    "badinit": "        return [out(r) for r in requests]",
+}
+DECOUPLED = {"dec2", "dec_err", "dec_raise"}
+LOADED = ["seq_u64", "seq_str", "ident", "err_resp", "raises", "dec2", "dec_err", "dec_raise"]
+REPOSITORY = sorted([*LOADED, "badinit", "badcfg"])
+
+
+def _write_repository(root: pathlib.Path) -> None:
+    for name, corrid in (("seq_u64", "TYPE_UINT64"), ("seq_str", "TYPE_STRING")):
+        (root / name / "1").mkdir(parents=True)
+        (root / name / "config.pbtxt").write_text(SEQUENCE_CONFIG.format(name=name,
+                                                                         corrid=corrid))
+        (root / name / "1" / "model.py").write_text(SEQUENCE_MODEL)
+    for name, body in BODIES.items():
+        (root / name / "1").mkdir(parents=True)
+        (root / name / "config.pbtxt").write_text(PLAIN_CONFIG.format(
+            name=name, decoupled=str(name in DECOUPLED).lower()))
+        (root / name / "1" / "model.py").write_text(textwrap.dedent(PLAIN_MODEL).format(
+            fail_init=name == "badinit", body=body))
+    (root / "badcfg" / "1").mkdir(parents=True)  # a model directory whose config is not one
+    (root / "badcfg" / "config.pbtxt").write_text('name: "badcfg" this is not a config')
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShoalServer]:
+    root = tmp_path_factory.mktemp("parity_broker")
+    _write_repository(root)
+    args = ["--model-control-mode=explicit", "--allow-client-shm=true",
+            *(f"--load-model={name}" for name in LOADED)]
+    with serving(ShoalServer([str(root)], args), timeout=120.0) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def http(server: ShoalServer) -> httpclient.InferenceServerClient:
+    return httpclient.InferenceServerClient(server.url)
+
+
+@pytest.fixture(scope="module")
+def grpc_client(server: ShoalServer) -> grpcclient.InferenceServerClient:
+    return grpcclient.InferenceServerClient(server.grpc_url)
+
+
+# ------------------------------------------------------------------------ finding 6: sequence ids
+
+
+def _seq_http(server: ShoalServer, model: str, sequence_id: int | str, start: bool = False,
+              end: bool = False) -> httpx.Response:
+    parameters: dict[str, Any] = {"sequence_id": sequence_id}
+    if start:
+        parameters["sequence_start"] = True
+    if end:
+        parameters["sequence_end"] = True
+    body = {"inputs": [{"name": "INPUT0", "datatype": "INT32", "shape": [1, 1], "data": [1]}],
+            "parameters": parameters}
+    return httpx.post(f"{server.base}/v2/models/{model}/infer", json=body, timeout=30)
+
+
+def _seen_http(response: httpx.Response) -> str:
+    assert response.status_code == 200, response.text
+    return str(response.json()["outputs"][0]["data"][0])
+
+
+def _seq_grpc(client: grpcclient.InferenceServerClient, model: str, sequence_id: int | str,
+              start: bool = False, end: bool = False) -> str:
+    tensor = grpcclient.InferInput("INPUT0", [1, 1], "INT32")
+    tensor.set_data_from_numpy(np.array([[1]], np.int32))
+    result = client.infer(model, [tensor], sequence_id=sequence_id, sequence_start=start,
+                          sequence_end=end)
+    seen = result.as_numpy("SEEN")
+    assert seen is not None
+    return bytes(seen.ravel()[0]).decode()
+
+
+@pytest.mark.parametrize(("sequence_id", "corrid"), [
+    ("abcdefgh", 0x64636261_00000008),  # Triton 2.51: length 8 (LE u32), then "abcd"
+    ("a", 0x61_00000001),  # Triton leaves the 3 bytes after "a" unwritten: zero here
+])
+def test_a_string_id_reaches_a_uint64_corrid_as_the_bytes_triton_writes(
+        server: ShoalServer, grpc_client: grpcclient.InferenceServerClient, sequence_id: str,
+        corrid: int) -> None:
+    expected = f"uint64:{corrid}|{sequence_id!r}"
+    assert _seen_http(_seq_http(server, "seq_u64", sequence_id, start=True, end=True)) \
+        == expected
+    assert _seq_grpc(grpc_client, "seq_u64", sequence_id, start=True, end=True) == expected
+
+
+def test_string_ids_are_routed_by_the_string_on_an_integer_corrid(
+        server: ShoalServer, grpc_client: grpcclient.InferenceServerClient) -> None:
+    """"abcdX" and "abcdY" give the CORRID the same value; they are still two sequences."""
+    assert _seen_http(_seq_http(server, "seq_u64", "abcdX", start=True)).endswith("|'abcdX'")
+    refused = _seq_http(server, "seq_u64", "abcdY")
+    assert refused.status_code == 400
+    assert refused.json()["error"] == (
+        "inference request for sequence abcdY to model 'seq_u64' must specify the START flag on "
+        "the first request of the sequence")
+    with pytest.raises(InferenceServerException, match="must specify the START flag") as caught:
+        _seq_grpc(grpc_client, "seq_u64", "abcdY")
+    assert caught.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert _seq_grpc(grpc_client, "seq_u64", "abcdX", end=True).endswith("|'abcdX'")
+    # an integer and a string with the same text are different sequences
+    assert _seen_http(_seq_http(server, "seq_u64", 5, start=True)) == "uint64:5|5"
+    assert _seq_http(server, "seq_u64", "5").status_code == 400
+    assert _seen_http(_seq_http(server, "seq_u64", 5, end=True)) == "uint64:5|5"
+
+
+def test_an_integer_id_for_a_string_corrid_is_refused(
+        server: ShoalServer, grpc_client: grpcclient.InferenceServerClient) -> None:
+    """Triton 2.51 fills the string control with the integer's raw bytes and the request fails
+    with 400 (a malformed BYTES tensor); shoal refuses it before it runs, also 400."""
+    refused = _seq_http(server, "seq_str", 7, start=True, end=True)
+    assert refused.status_code == 400
+    assert "CORRID" in refused.json()["error"]
+    with pytest.raises(InferenceServerException, match="CORRID") as caught:
+        _seq_grpc(grpc_client, "seq_str", 7, start=True, end=True)
+    assert caught.value.status() == "StatusCode.INVALID_ARGUMENT"
+
+
+def test_a_string_corrid_gets_the_string_id(
+        server: ShoalServer, grpc_client: grpcclient.InferenceServerClient) -> None:
+    """Deliberately not Triton 2.51, which refuses every string id under 128 bytes here."""
+    assert _seen_http(_seq_http(server, "seq_str", "g-seq", start=True, end=True)) \
+        == "bytes:b'g-seq'|'g-seq'"
+    assert _seq_grpc(grpc_client, "seq_str", "x" * 128, start=True, end=True) \
+        == f"bytes:b'{'x' * 128}'|'{'x' * 128}'"
+
+
+@pytest.mark.parametrize("model", ["seq_u64", "ident"])
+def test_a_string_id_over_128_bytes_is_unimplemented_for_any_model(
+        server: ShoalServer, grpc_client: grpcclient.InferenceServerClient, model: str) -> None:
+    text = "string correlation ID cannot be longer than 128 characters"
+    body = {"inputs": [{"name": "INPUT0", "datatype": "INT32", "shape": [1, 1], "data": [1]}]
+            if model == "seq_u64" else
+            [{"name": "IN", "datatype": "FP32", "shape": [4], "data": [1, 2, 3, 4]}],
+            "parameters": {"sequence_id": "é" * 65, "sequence_start": True}}  # 130 bytes
+    answer = httpx.post(f"{server.base}/v2/models/{model}/infer", json=body, timeout=30)
+    assert (answer.status_code, answer.json()) == (501, {"error": text})
+    tensor = (grpcclient.InferInput("INPUT0", [1, 1], "INT32") if model == "seq_u64"
+              else grpcclient.InferInput("IN", [4], "FP32"))
+    tensor.set_data_from_numpy(np.ones([1, 1], np.int32) if model == "seq_u64"
+                               else np.ones([4], np.float32))
+    with pytest.raises(InferenceServerException) as caught:
+        grpc_client.infer(model, [tensor], sequence_id="x" * 129, sequence_start=True)
+    assert (caught.value.status(), caught.value.message()) == ("StatusCode.UNIMPLEMENTED", text)
+
+
+def _raw_grpc_sequence(server: ShoalServer, parameter: service_pb2.InferParameter
+                       ) -> service_pb2.ModelInferResponse:
+    request = service_pb2.ModelInferRequest(model_name="seq_u64")
+    tensor = request.inputs.add(name="INPUT0", datatype="INT32")
+    tensor.shape.extend([1, 1])
+    request.raw_input_contents.append(np.array([1], np.int32).tobytes())
+    request.parameters["sequence_id"].CopyFrom(parameter)
+    request.parameters["sequence_start"].bool_param = True
+    request.parameters["sequence_end"].bool_param = True
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        return stub.ModelInfer(request, timeout=30)  # type: ignore[no-any-return]
+
+
+def test_grpc_sequence_ids_follow_triton_int64_and_string_only(server: ShoalServer) -> None:
+    answer = _raw_grpc_sequence(server, service_pb2.InferParameter(int64_param=-1))
+    assert answer.raw_output_contents[0][4:].decode() == (
+        f"uint64:{2**64 - 1}|{2**64 - 1}")  # an int64 is taken as its uint64 bits
+    for refused in (service_pb2.InferParameter(uint64_param=6),
+                    service_pb2.InferParameter(bool_param=True)):
+        with pytest.raises(grpc.RpcError) as caught:
+            _raw_grpc_sequence(server, refused)
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert caught.value.details() == ("invalid value type for 'sequence_id' parameter, "
+                                          "expected int64_param or string_param.")
