@@ -148,6 +148,7 @@ class _Region:
     offset: int
     byte_size: int
     fd: int
+    object_id: int  # the object's inode number: workers map only this object (TensorRef)
     users: set[int] = field(default_factory=set)  # request ids using it now
     unregistered: bool = False
 
@@ -250,6 +251,7 @@ class ClientSharedMemoryRegistry:
         fd = open_client_object(self._directory, name, key, body)
         try:
             size = object_size(fd, name, key)
+            object_id = os.fstat(fd).st_ino
             if byte_size > size or offset > size - byte_size:
                 raise invalid_arg(
                     f"failed to register shared memory region '{name}': offset {offset} + "
@@ -259,7 +261,7 @@ class ClientSharedMemoryRegistry:
         except BaseException:
             os.close(fd)
             raise
-        self._regions[name] = _Region(name, key, "/" + body, offset, byte_size, fd)
+        self._regions[name] = _Region(name, key, "/" + body, offset, byte_size, fd, object_id)
         self._open_bytes += byte_size
         logger.info("registered system shared memory region %r: key %r, offset %d, %d bytes",
                     name, key, offset, byte_size)
@@ -317,7 +319,7 @@ class ClientSharedMemoryRegistry:
             return TensorRef(tensor, datatype, list(shape), "", offset, byte_size,
                              cuda=found.handle)
         return TensorRef(tensor, datatype, list(shape), found.object_name,
-                         found.offset + offset, byte_size)
+                         found.offset + offset, byte_size, object_id=found.object_id)
 
     def resolve_output(self, request_id: int, region: str, offset: int, byte_size: int,
                        tensor: str) -> OutputTarget:
@@ -325,7 +327,8 @@ class ClientSharedMemoryRegistry:
         self._mark_in_use(request_id, found)
         if isinstance(found, _CudaRegion):
             return OutputTarget("", offset, byte_size, cuda=found.handle)
-        return OutputTarget(found.object_name, found.offset + offset, byte_size)
+        return OutputTarget(found.object_name, found.offset + offset, byte_size,
+                            object_id=found.object_id)
 
     def read_system(self, request_id: int, object_name: str, offset: int,
                     nbytes: int) -> bytes | None:

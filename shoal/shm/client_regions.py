@@ -6,13 +6,30 @@ checks ``offset + nbytes`` against it with integer arithmetic before touching a 
 truncates its object gets an INVALID_ARG for its request, not a SIGBUS in the worker. (A client
 that truncates in the microseconds between that check and the copy can still fault the worker; the
 broker then fails that worker's requests and restarts it, as for any worker death.)
-Messages name the tensor, never the object's key. Single-threaded per instance unless the caller
-serializes (the worker holds its output lock when writing).
+
+Which object: a key names different objects over time (a client unregisters a region, unlinks
+its object, creates a new one under the same key and registers it again, e.g. each run of
+tritonclient's simple shm examples). A reference carries the identity of the object the
+frontend registered (``object_id``: its inode number, from the frontend's descriptor). Mappings
+are cached per (key, object id) and one is used only while the same fstat that reads the size
+says it maps that very object; otherwise the key is opened again and the new descriptor must be
+that object, else the request gets INVALID_ARG (the registered object is gone: it cannot be
+reached by name any more). So a mapping of a replaced object is never read or written. A
+reference without an identity (0) gets whatever object the key names: a cached mapping is used
+only while its object still has its name.
+
+Mappings of objects their client has unlinked pin that memory; they are closed at every new
+attach and by ``drop_unlinked``, which the worker calls between batches, so an unregistered
+and removed object is unmapped here about a second later at most (no message needed from the
+frontend or broker: the link count is the truth). Messages name the tensor, never the object's
+key. Single-threaded per instance unless the caller serializes (the worker holds its output
+lock when writing).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from collections import OrderedDict
 
 from shoal.errors import invalid_arg
@@ -20,57 +37,95 @@ from shoal.shm.segment import Segment
 
 logger = logging.getLogger(__name__)
 
+_Key = tuple[str, int]  # (object key, object id or 0)
+
 
 class ClientRegions:
     def __init__(self, max_regions: int = 64) -> None:
-        self._segments: OrderedDict[str, Segment] = OrderedDict()
+        self._segments: OrderedDict[_Key, Segment] = OrderedDict()
         self._max = max_regions
 
+    def __len__(self) -> int:
+        return len(self._segments)
+
     def view(self, key: str, offset: int, nbytes: int, tensor: str,
-             writable: bool = False) -> memoryview:
+             writable: bool = False, object_id: int = 0) -> memoryview:
+        """``nbytes`` at ``offset`` of the object ``key`` names, which must be object
+        ``object_id`` (its inode number; 0: whichever object it names)."""
         if offset < 0 or nbytes < 0:
             raise invalid_arg(f"shared memory offset and size of '{tensor}' must not be negative")
-        segment = self._segment(key, tensor, writable)
-        size = self._checked_size(segment, key, tensor)
+        cache_key = (key, object_id)
+        segment, size = self._segment(cache_key, tensor, writable)
         if offset + nbytes > size:
             raise invalid_arg(f"shared memory region of '{tensor}' is smaller than the "
                               f"{offset + nbytes} bytes the request needs ({size} bytes now)")
         if offset + nbytes > segment.size:  # grew since we mapped it: map again
-            segment = self._reattach(key, tensor, writable)
+            segment, _ = self._reattach(cache_key, tensor, writable)
         return segment.buf[offset:offset + nbytes]
 
-    def _segment(self, key: str, tensor: str, writable: bool) -> Segment:
-        segment = self._segments.get(key)
-        if segment is not None and (not writable or not segment.readonly):
-            self._segments.move_to_end(key)
-            return segment
-        return self._reattach(key, tensor, writable)
+    def drop_unlinked(self) -> None:
+        """Close the mappings of objects that no longer have a name (their client removed
+        them): nothing can reach them by their key again, and they would pin memory."""
+        for cache_key, segment in list(self._segments.items()):
+            try:
+                linked = segment.stat().st_nlink > 0
+            except (OSError, ValueError):
+                linked = False
+            if not linked:
+                del self._segments[cache_key]
+                segment.close()
 
-    def _reattach(self, key: str, tensor: str, writable: bool) -> Segment:
-        old = self._segments.pop(key, None)
+    def _segment(self, cache_key: _Key, tensor: str, writable: bool) -> tuple[Segment, int]:
+        """The cached mapping of ``cache_key`` when it still maps that object (and may be
+        written if need be), else a new one; with the object's size now."""
+        segment = self._segments.get(cache_key)
+        if segment is not None and (not writable or not segment.readonly):
+            stat = _checked_stat(segment, tensor)
+            if _is_object(stat, cache_key[1]):
+                self._segments.move_to_end(cache_key)
+                return segment, stat.st_size
+        return self._reattach(cache_key, tensor, writable)
+
+    def _reattach(self, cache_key: _Key, tensor: str, writable: bool) -> tuple[Segment, int]:
+        old = self._segments.pop(cache_key, None)
         if old is not None:
             old.close()
+        self.drop_unlinked()
+        key, object_id = cache_key
         try:
             segment = Segment.attach(key, readonly=not writable)
         except (OSError, ValueError) as exc:
             logger.warning("cannot map client region for '%s': %s", tensor, exc)
             raise invalid_arg(f"shared memory region of '{tensor}' cannot be mapped: it no "
                               "longer exists or is empty") from exc
-        self._segments[key] = segment
+        stat = _checked_stat(segment, tensor)
+        if object_id and stat.st_ino != object_id:
+            segment.close()
+            raise invalid_arg(f"shared memory region of '{tensor}' is no longer the object "
+                              "that was registered (its key now names another one); register "
+                              "the region again")
+        self._segments[cache_key] = segment
         while len(self._segments) > self._max:
             _, evicted = self._segments.popitem(last=False)
             evicted.close()
-        return segment
-
-    @staticmethod
-    def _checked_size(segment: Segment, key: str, tensor: str) -> int:
-        try:
-            return segment.current_size()
-        except OSError as exc:
-            raise invalid_arg(f"shared memory region of '{tensor}' is no longer available"
-                              ) from exc
+        return segment, stat.st_size
 
     def close(self) -> None:
         for segment in self._segments.values():
             segment.close()
         self._segments.clear()
+
+
+def _is_object(stat: os.stat_result, object_id: int) -> bool:
+    """Whether a mapping whose descriptor fstats as ``stat`` serves references to
+    ``object_id``: that very inode, or (no identity given) an object that still has its name
+    (one the client removed may have been replaced under the same key)."""
+    return stat.st_ino == object_id if object_id else stat.st_nlink > 0
+
+
+def _checked_stat(segment: Segment, tensor: str) -> os.stat_result:
+    try:
+        return segment.stat()
+    except (OSError, ValueError) as exc:
+        raise invalid_arg(f"shared memory region of '{tensor}' is no longer available"
+                          ) from exc

@@ -139,6 +139,13 @@ class Segment:
             raise ValueError("segment is closed")
         return os.fstat(self._shm.fd).st_size
 
+    def stat(self) -> os.stat_result:
+        """``fstat`` of the mapped object's descriptor: its size, link count and inode number
+        now (the very object mapped, whatever the name denotes meanwhile)."""
+        if self._shm is None:
+            raise ValueError("segment is closed")
+        return os.fstat(self._shm.fd)
+
     def linked(self) -> bool:
         """Whether the mapped object still has its name (an ``fstat`` of the descriptor: its
         link count drops to 0 once the owner unlinked it). A mapping of an unlinked object

@@ -259,7 +259,7 @@ class OutputWriter:
                 continue
             if target is not None:
                 view = self._client.view(target.region, target.offset, nbytes, tensor.name,
-                                         writable=True)
+                                         writable=True, object_id=target.object_id)
                 write_array(view, tensor.array, tensor.datatype)
                 refs.append(TensorRef(tensor.name, tensor.datatype, shape, target.region,
                                       target.offset, nbytes))

@@ -97,6 +97,7 @@ from shoal.workers.warmup import WarmupResponseSink, build_samples, run_warmup
 logger = logging.getLogger(__name__)
 
 _POLL_MS = 200
+_CLIENT_SWEEP_S = 1.0  # how often, between batches, mappings of removed client objects close
 _NONE: frozenset[str] = frozenset()
 
 
@@ -169,8 +170,13 @@ class WorkerProc:
 
     def serve(self) -> None:
         self.socket.send_multipart(encode(WorkerReady(self.spec.identity, os.getpid())))
+        next_sweep = 0.0
         while not self.stopping:
             self.device_regions.between_batches()  # no execute runs here
+            if self.client_regions and time.monotonic() >= next_sweep:
+                with self.output_lock:  # decoupled models write outputs from other threads
+                    self.client_regions.drop_unlinked()  # objects their clients removed
+                next_sweep = time.monotonic() + _CLIENT_SWEEP_S
             if not self.socket.poll(_POLL_MS):
                 continue
             message = decode(self.socket.recv_multipart())
@@ -228,7 +234,8 @@ class WorkerProc:
         elif ref.region.startswith(self.segment_prefix):
             view = self.inputs.view(ref.region, ref.offset, ref.nbytes, readonly=False)
         else:
-            view = self.client_regions.view(ref.region, ref.offset, ref.nbytes, ref.name)
+            view = self.client_regions.view(ref.region, ref.offset, ref.nbytes, ref.name,
+                                            object_id=ref.object_id)
         return array_from_buffer(view, ref.datatype, ref.shape)
 
     def execute(self, batch: Batch) -> BatchResult:

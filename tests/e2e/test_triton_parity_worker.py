@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import pathlib
+import secrets
 import textwrap
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,6 +21,7 @@ import pytest
 import torch
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+import tritonclient.utils.shared_memory as triton_shm
 from tritonclient.utils import InferenceServerException
 
 from tests.e2e.conftest import serving
@@ -452,3 +455,100 @@ def test_bls_unknown_model_named_by_bytes_is_named_as_text(server: ShoalServer) 
                "INPUT1": np.ones(4, F32)})
     assert "Model 'nope' is not ready" in str(info.value)
     assert "b'nope'" not in str(info.value)
+
+
+# ------------------------------------- client shm: a region registered again (#11)
+
+def _client(server: ShoalServer, protocol: str) -> Any:
+    if protocol == "grpc":
+        return grpcclient.InferenceServerClient(server.grpc_url)
+    return httpclient.InferenceServerClient(server.url)
+
+
+def _shm_round(server: ShoalServer, protocol: str, keys: tuple[str, str], value: float
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """Create objects ``keys`` (input holding ``value``, output zeros), register them as
+    regions in_r / out_r, infer once with the output into out_r and once with it in the
+    answer; unregister and remove both. What out_r held, and what the answer held."""
+    module: Any = grpcclient if protocol == "grpc" else httpclient
+    client = _client(server, protocol)
+    data = np.full((2, 3), value, F32)
+    handles = [triton_shm.create_shared_memory_region(name, key, data.nbytes)
+               for name, key in zip(("in_r", "out_r"), keys, strict=True)]
+    try:
+        triton_shm.set_shared_memory_region(handles[0], [data])
+        triton_shm.set_shared_memory_region(handles[1], [np.zeros_like(data)])
+        client.register_system_shared_memory("in_r", keys[0], data.nbytes)
+        client.register_system_shared_memory("out_r", keys[1], data.nbytes)
+        tensor = module.InferInput("INPUT0", [2, 3], "FP32")
+        tensor.set_shared_memory("in_r", data.nbytes)
+        into_region = module.InferRequestedOutput("OUTPUT0")
+        into_region.set_shared_memory("out_r", data.nbytes)
+        client.infer("ident_plain", [tensor], outputs=[into_region])
+        written = triton_shm.get_contents_as_numpy(handles[1], np.float32, [2, 3]).copy()
+        answered = client.infer("ident_plain", [tensor]).as_numpy("OUTPUT0")
+        return written, answered
+    finally:
+        client.unregister_system_shared_memory("in_r")
+        client.unregister_system_shared_memory("out_r")
+        for handle in handles:
+            triton_shm.destroy_shared_memory_region(handle)
+        client.close()
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_region_registered_again_over_a_new_object_is_read_and_written_anew(
+        server: ShoalServer, protocol: str) -> None:
+    """The same region names on the same keys, each time over new objects (what every run
+    of tritonclient's simple_*_shm_client does): each round reads its own input object and
+    writes its own output object, as on Triton (shoal used to serve the first round's
+    mappings: the old input bytes, outputs written into a removed object)."""
+    keys = (f"/shmtest-{secrets.token_hex(6)}", f"/shmtest-{secrets.token_hex(6)}")
+    for value in (1.0, 2.0, 3.0):
+        written, answered = _shm_round(server, protocol, keys, value)
+        np.testing.assert_array_equal(written, np.full((2, 3), value, F32))
+        np.testing.assert_array_equal(answered, np.full((2, 3), value, F32))
+
+
+def _mapped_by_workers(server: ShoalServer, key: str) -> list[int]:
+    """Workers that map the shm object ``key`` (or a removed object that had that key)."""
+    found = []
+    for pid in server.worker_pids():
+        try:
+            with open(f"/proc/{pid}/maps") as maps:
+                if any(f"/dev/shm{key}" in line for line in maps):
+                    found.append(pid)
+        except OSError:
+            continue
+    return found
+
+
+def test_workers_unmap_a_client_object_once_it_is_removed(server: ShoalServer) -> None:
+    """Unregistering and removing an object leaves no mapping of it in any worker: the
+    worker closes mappings of objects that lost their name, between batches, about a second
+    later at most."""
+    keys = (f"/shmtest-{secrets.token_hex(6)}", f"/shmtest-{secrets.token_hex(6)}")
+    client = httpclient.InferenceServerClient(server.url)
+    data = np.full((2, 3), 5, F32)
+    handle = triton_shm.create_shared_memory_region("mapped_r", keys[0], data.nbytes)
+    removed = False
+    try:
+        triton_shm.set_shared_memory_region(handle, [data])
+        client.register_system_shared_memory("mapped_r", keys[0], data.nbytes)
+        tensor = httpclient.InferInput("INPUT0", [2, 3], "FP32")
+        tensor.set_shared_memory("mapped_r", data.nbytes)
+        np.testing.assert_array_equal(
+            client.infer("ident_plain", [tensor]).as_numpy("OUTPUT0"), data)
+        assert _mapped_by_workers(server, keys[0])
+        client.unregister_system_shared_memory("mapped_r")
+        triton_shm.destroy_shared_memory_region(handle)
+        removed = True
+        deadline = time.monotonic() + 5
+        while _mapped_by_workers(server, keys[0]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _mapped_by_workers(server, keys[0])
+    finally:
+        if not removed:
+            client.unregister_system_shared_memory("mapped_r")
+            triton_shm.destroy_shared_memory_region(handle)
+        client.close()

@@ -227,8 +227,10 @@ def test_resolve_input_points_into_the_object(registry: ClientSharedMemoryRegist
     ref = registry.resolve_input(7, "r", 16, 24, "X", "FP32", [2, 3])
     assert (ref.name, ref.datatype, ref.shape) == ("X", "FP32", [2, 3])
     assert (ref.region, ref.offset, ref.nbytes) == (key, 1016, 24)
+    inode = os.stat("/dev/shm" + key).st_ino  # workers read only the registered object
+    assert ref.object_id == inode
     target = registry.resolve_output(7, "r", 1000, 1000, "Y")
-    assert target == OutputTarget(key, 2000, 1000)
+    assert target == OutputTarget(key, 2000, 1000, object_id=inode)
 
 
 def test_unknown_region_names_region_and_tensor(registry: ClientSharedMemoryRegistry) -> None:

@@ -1,0 +1,138 @@
+"""The worker's view of client system shm objects (``shoal.shm.client_regions``): a key that
+names a new object (unregistered, unlinked, created again, registered again) is never served
+from the mapping of the old one, and mappings of removed objects are closed."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+from collections.abc import Iterator
+
+import posix_ipc
+import pytest
+
+from shoal.errors import ErrorCode, ShoalError
+from shoal.shm.client_regions import ClientRegions
+
+
+@pytest.fixture
+def key() -> Iterator[str]:
+    name = f"/shmtest-{secrets.token_hex(6)}"
+    yield name
+    with contextlib.suppress(posix_ipc.ExistentialError):
+        posix_ipc.unlink_shared_memory(name)
+
+
+def create(key: str, data: bytes) -> int:
+    """A new object under ``key`` holding ``data``; its inode number (what a registration
+    carries as ``object_id``)."""
+    shm = posix_ipc.SharedMemory(key, posix_ipc.O_CREX, mode=0o600, size=len(data))
+    try:
+        os.pwrite(shm.fd, data, 0)
+        return os.fstat(shm.fd).st_ino
+    finally:
+        shm.close_fd()
+
+
+def replace(key: str, data: bytes) -> int:
+    posix_ipc.unlink_shared_memory(key)
+    return create(key, data)
+
+
+def test_a_replaced_object_is_read_as_the_new_one(key: str) -> None:
+    regions = ClientRegions()
+    first = create(key, b"old!")
+    assert bytes(regions.view(key, 0, 4, "IN", object_id=first)) == b"old!"
+    second = replace(key, b"new!")
+    assert second != first
+    assert bytes(regions.view(key, 0, 4, "IN", object_id=second)) == b"new!"
+    regions.close()
+
+
+def test_without_an_identity_the_object_the_key_names_now_is_read(key: str) -> None:
+    regions = ClientRegions()
+    create(key, b"old!")
+    assert bytes(regions.view(key, 0, 4, "IN")) == b"old!"
+    replace(key, b"new!")
+    assert bytes(regions.view(key, 0, 4, "IN")) == b"new!"
+    regions.close()
+
+
+def test_outputs_go_into_the_registered_object_not_its_predecessor(key: str) -> None:
+    regions = ClientRegions()
+    first = create(key, b"....")
+    regions.view(key, 0, 4, "OUT", writable=True, object_id=first)[:] = b"1111"
+    second = replace(key, b"....")
+    regions.view(key, 0, 4, "OUT", writable=True, object_id=second)[:] = b"2222"
+    fd = os.open("/dev/shm" + key, os.O_RDONLY)
+    try:
+        assert os.pread(fd, 4, 0) == b"2222"
+    finally:
+        os.close(fd)
+    regions.close()
+
+
+def test_an_identity_the_key_no_longer_names_is_refused(key: str) -> None:
+    regions = ClientRegions()
+    first = create(key, b"old!")
+    replace(key, b"new!")  # before the worker ever mapped the registered object
+    with pytest.raises(ShoalError) as info:
+        regions.view(key, 0, 4, "IN", object_id=first)
+    assert info.value.code == ErrorCode.INVALID_ARG
+    assert "'IN'" in info.value.message and key not in info.value.message
+    assert len(regions) == 0
+    regions.close()
+
+
+def test_a_registered_object_its_client_removed_is_refused_never_misread(key: str) -> None:
+    """Triton keeps serving a registration whose object the client removed (and replaced)
+    from its mapping; here that mapping is closed once the object has no name (it would pin
+    the memory), and the registration's later requests get INVALID_ARG, never the bytes of
+    the object that now carries the key."""
+    regions = ClientRegions()
+    first = create(key, b"old!")
+    assert bytes(regions.view(key, 0, 4, "IN", object_id=first)) == b"old!"
+    second = replace(key, b"new!")
+    assert bytes(regions.view(key, 0, 4, "IN", object_id=second)) == b"new!"
+    assert len(regions) == 1  # the new attach closed the removed object's mapping
+    with pytest.raises(ShoalError) as info:
+        regions.view(key, 0, 4, "IN", object_id=first)
+    assert info.value.code == ErrorCode.INVALID_ARG
+    regions.close()
+
+
+def test_mappings_of_removed_objects_are_closed(key: str) -> None:
+    regions = ClientRegions()
+    first = create(key, b"old!")
+    regions.view(key, 0, 4, "IN", object_id=first)
+    regions.drop_unlinked()
+    assert len(regions) == 1  # still linked: kept
+    posix_ipc.unlink_shared_memory(key)
+    regions.drop_unlinked()
+    assert len(regions) == 0
+    second = create(key, b"new!")
+    regions.view(key, 0, 4, "IN", object_id=second)
+    posix_ipc.unlink_shared_memory(key)
+    other = f"/shmtest-{secrets.token_hex(6)}"
+    try:
+        regions.view(other, 0, 1, "X", object_id=create(other, b"x"))  # a new attach sweeps
+        assert len(regions) == 1
+    finally:
+        posix_ipc.unlink_shared_memory(other)
+    regions.close()
+
+
+def test_a_truncated_object_is_refused_by_size(key: str) -> None:
+    regions = ClientRegions()
+    first = create(key, b"abcdefgh")
+    assert bytes(regions.view(key, 4, 4, "IN", object_id=first)) == b"efgh"
+    fd = os.open("/dev/shm" + key, os.O_RDWR)
+    try:
+        os.ftruncate(fd, 4)
+    finally:
+        os.close(fd)
+    with pytest.raises(ShoalError) as info:
+        regions.view(key, 4, 4, "IN", object_id=first)
+    assert info.value.code == ErrorCode.INVALID_ARG and "smaller" in info.value.message
+    regions.close()
