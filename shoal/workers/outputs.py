@@ -262,7 +262,7 @@ class OutputWriter:
                                          writable=True, object_id=target.object_id)
                 write_array(view, tensor.array, tensor.datatype)
                 refs.append(TensorRef(tensor.name, tensor.datatype, shape, target.region,
-                                      target.offset, nbytes))
+                                      target.offset, nbytes, object_id=target.object_id))
                 continue
             if not nbytes:  # a tensor of no elements: no bytes to place, none to lease
                 refs.append(TensorRef(tensor.name, tensor.datatype, shape, "", 0, 0,
