@@ -14,25 +14,32 @@ from shoal.messages import BatchResult, Error, InferResponse, WrittenState
 Outcome = tuple[RequestKey, bytes, InferResponse]  # request, its frontend, its answer
 
 
-def batch_outcomes(runtime: ModelVersionRuntime, keys: list[RequestKey], message: BatchResult,
-                   streams: set[int], now: float) -> list[Outcome]:
-    """Record the execution and end each request of it that ended, in ``keys`` order. A
-    decoupled request without a Result keeps answering: its execution id joins ``streams``
-    (the worker's open streams)."""
+def batch_outcomes(runtime: ModelVersionRuntime, keys: list[RequestKey], rows: int,
+                   early_successes: int, message: BatchResult, streams: set[int], now: float
+                   ) -> list[Outcome]:
+    """Record the execution and end each request of it that ended, in ``keys`` order
+    (``rows``: the batch's at dispatch; ``early_successes``: its decoupled requests whose
+    stream already ended in success). A decoupled request without a Result keeps answering:
+    its execution id joins ``streams`` (the worker's open streams) and it keeps the batch's
+    durations for its end. Counting: ``stats.py``."""
     by_exec = {r.request_id: r for r in message.results}
-    rows = sum(runtime.requests[k].request.batch_size for k in keys if k in runtime.requests)
-    runtime.stats.record_execution(rows, len(keys), message.timings)
+    stats, timings = runtime.stats, message.timings
+    stats.record_execution(rows, timings)
+    stats.record_compute(timings, early_successes)
     outcomes: list[Outcome] = []
     succeeded: list[int] = []  # durations, recorded at once
+    queued: list[int] = []
+    succeeded_rows = 0
     for key in keys:
         pending = runtime.requests.get(key)
         exec_id = pending.exec_id if pending is not None else 0
         result = by_exec.get(exec_id)
         if pending is not None and pending.trace is not None:
-            record_compute(pending.trace, message.timings)
+            record_compute(pending.trace, timings)
         if runtime.decoupled and result is None:
             if pending is not None:
                 streams.add(exec_id)
+                pending.compute = timings
             continue
         pending = runtime.forget(key)
         if pending is None:
@@ -41,18 +48,24 @@ def batch_outcomes(runtime: ModelVersionRuntime, keys: list[RequestKey], message
         if result is None:
             error = Error(ErrorCode.INTERNAL, "worker returned no result for the request")
             response = InferResponse(key[1], error=error)
-            runtime.stats.record_failure(elapsed, "BACKEND")
-        elif result.error is not None:
-            response = InferResponse(key[1], error=result.error)
-            runtime.stats.record_failure(elapsed, "BACKEND")
+            stats.record_failure(elapsed, "BACKEND")
         else:
-            response = InferResponse(key[1], runtime.version, result.outputs, result.parameters,
-                                     None, message.lease)
-            succeeded.append(elapsed)
+            if result.error is None:
+                response = InferResponse(key[1], runtime.version, result.outputs,
+                                         result.parameters, None, message.lease)
+            else:
+                response = InferResponse(key[1], error=result.error)
+            if result.error is None or result.error.in_response:
+                succeeded.append(elapsed)
+                queued.append(pending.queued_ns)
+                succeeded_rows += pending.request.batch_size
+            else:
+                stats.record_failure(elapsed, "BACKEND")
         if pending.trace is not None:
             response = with_stamps(response, pending)
         outcomes.append((key, pending.frontend, response))
-    runtime.stats.record_successes(succeeded)
+    stats.record_successes(succeeded, queued, succeeded_rows)
+    stats.record_compute(timings, len(succeeded))
     return outcomes
 
 

@@ -25,7 +25,7 @@ from shoal.broker.health import note_progress
 from shoal.broker.held_releases import HeldReleases, Hold
 from shoal.broker.lifecycle.device_ledger import device_memory
 from shoal.broker.lifecycle.driver import LifecycleDriver
-from shoal.broker.model_runtime import InstanceSlot, ModelVersionRuntime
+from shoal.broker.model_runtime import InstanceSlot, ModelVersionRuntime, PendingRequest
 from shoal.broker.models import ModelManager
 from shoal.broker.pool import WorkerHandle, WorkerState, reap, restart_delay, spawn_worker
 from shoal.broker.rate_limiter import RateLimiter
@@ -518,15 +518,15 @@ class BrokerLoop:
 
     def on_batch_result(self, handle: WorkerHandle, runtime: ModelVersionRuntime,
                         message: BatchResult, now: float) -> None:
-        keys = runtime.batches.pop(message.batch_id, [])
+        keys, rows, early = runtime.end_batch(message.batch_id)
         if runtime.sequence is not None:
             runtime.sequence.done(message.batch_id, now, written_states(runtime, keys, message))
         if handle.batch_id == message.batch_id:
             handle.state, handle.batch_id = WorkerState.IDLE, None
             if self.rate_limiter is not None:
                 self.rate_limiter.release(handle.identity)
-        for key, frontend, response in batch_outcomes(runtime, keys, message, handle.streams,
-                                                      now):
+        for key, frontend, response in batch_outcomes(runtime, keys, rows, early, message,
+                                                      handle.streams, now):
             if frontend == INTERNAL:  # an ensemble step: its durations count there too
                 self.ensembles.on_step_timings(key[1], message.timings)
             self.deliver(runtime, key, frontend, response)
@@ -554,11 +554,24 @@ class BrokerLoop:
             runtime.stats.record_first_response(int((now - pending.arrival) * 1e9))
         if message.final:
             runtime.forget(key)
-            elapsed = int((now - pending.arrival) * 1e9)
-            if message.error is None:
-                runtime.stats.record_success(elapsed)
-            else:
-                runtime.stats.record_failure(elapsed, "BACKEND")
+            self.count_stream_end(runtime, pending, message.error, now)
+
+    @staticmethod
+    def count_stream_end(runtime: ModelVersionRuntime, pending: PendingRequest,
+                         error: Error | None, now: float) -> None:
+        """A decoupled request's stream ended with ``error`` (its final response's): a success
+        unless its execution failed (stats.py). Its compute durations are the batch's, known
+        already (``pending.compute``) or counted when the BatchResult comes."""
+        elapsed = int((now - pending.arrival) * 1e9)
+        if error is not None and not error.in_response:
+            runtime.stats.record_failure(elapsed, "BACKEND")
+            return
+        runtime.stats.record_success(elapsed, pending.queued_ns, pending.request.batch_size)
+        if pending.compute is not None:
+            runtime.stats.record_compute(pending.compute)
+        elif pending.batch_id in runtime.batches:
+            runtime.early_successes[pending.batch_id] = \
+                runtime.early_successes.get(pending.batch_id, 0) + 1
 
     def deliver(self, runtime: ModelVersionRuntime, key: RequestKey, frontend: bytes,
                 response: InferResponse) -> None:
@@ -597,7 +610,7 @@ class BrokerLoop:
                       f"model instance '{slot.instance_name}' of model '{runtime.name}' "
                       f"version {runtime.version} (pid {handle.pid}) {description} while "
                       "executing the request")
-        keys = runtime.batches.pop(handle.batch_id, []) if handle.batch_id is not None else []
+        keys = runtime.end_batch(handle.batch_id)[0] if handle.batch_id is not None else []
         keys += [runtime.by_exec[e] for e in handle.streams if e in runtime.by_exec]
         if runtime.sequence is not None:  # sequences without implicit state end with it
             keys += runtime.sequence.fail_instance(runtime.instances.index(slot),

@@ -29,6 +29,7 @@ from shoal.broker.stats import ModelVersionStats
 from shoal.broker.trace_stamps import COMPUTE_START, queued_stamps
 from shoal.errors import ShoalError, invalid_arg, unsupported
 from shoal.messages import (
+    BatchTimings,
     InferRequest,
     InferResponse,
     ModelVersionInfo,
@@ -59,6 +60,11 @@ class PendingRequest:
     worker: str = ""        # identity of the worker running it
     responded: bool = False  # a decoupled request's first response went out
     trace: list[int] | None = None  # a traced request's stamps (broker/trace_stamps.py)
+    queued_ns: int = 0      # from arrival to dispatch (counted when the request succeeds)
+    batch_id: int = 0       # the Batch it left in
+    # a decoupled request still open when its batch's BatchResult came: that execution's
+    # durations, counted when its stream ends in success (stats.py)
+    compute: BatchTimings | None = None
 
 
 @dataclass
@@ -95,6 +101,11 @@ class ModelVersionRuntime:
     reason: str = ""
     requests: dict[RequestKey, PendingRequest] = field(default_factory=dict)
     batches: dict[int, list[RequestKey]] = field(default_factory=dict)
+    # per in-flight batch: its rows (the sum of its requests' batch sizes, at dispatch) and,
+    # for a decoupled model, how many of its requests ended in success before its BatchResult
+    # brought the durations to count for them (``end_batch``)
+    batch_rows: dict[int, int] = field(default_factory=dict)
+    early_successes: dict[int, int] = field(default_factory=dict)
     by_exec: dict[int, RequestKey] = field(default_factory=dict)
     decoupled: bool = False
     sequence: SequenceScheduling | None = None  # sequence_batching models schedule through it
@@ -193,13 +204,14 @@ class ModelVersionRuntime:
                     ) -> list[WorkerRequest]:
         """These queued requests leave for ``worker`` as Batch ``batch_id``: each gets the
         execution id ``first_exec_id + i`` (the worker's request id) and its queue time is
-        recorded. Returns the Batch's requests, in ``keys`` order."""
+        kept (counted if it succeeds). Returns the Batch's requests, in ``keys`` order."""
         requests: list[WorkerRequest] = []
-        queued_ns: list[int] = []
+        rows = 0
         dispatch_ns = 0
         for exec_id, key in enumerate(keys, first_exec_id):
             pending = self.requests[key]
             pending.dispatched, pending.worker, pending.exec_id = now, worker, exec_id
+            pending.batch_id, pending.queued_ns = batch_id, int((now - pending.arrival) * 1e9)
             if pending.trace is not None:
                 dispatch_ns = dispatch_ns or time.monotonic_ns()
                 pending.trace[COMPUTE_START] = dispatch_ns
@@ -210,12 +222,18 @@ class ModelVersionRuntime:
                 parameters=r.parameters, client_request_id=r.client_request_id,
                 batch_size=r.batch_size, correlation_id=r.correlation_id, flags=r.flags,
                 states=states.get(key, [])))
-            queued_ns.append(int((now - pending.arrival) * 1e9))
-        self.stats.record_queues(queued_ns)
+            rows += r.batch_size
         if self.orderer is not None:
             self.orderer.admit(keys)
         self.batches[batch_id] = keys
+        self.batch_rows[batch_id] = rows
         return requests
+
+    def end_batch(self, batch_id: int) -> tuple[list[RequestKey], int, int]:
+        """Batch ``batch_id`` is over (its BatchResult came, or its worker died): its request
+        keys, its rows and its decoupled requests that succeeded before it ended."""
+        return (self.batches.pop(batch_id, []), self.batch_rows.pop(batch_id, 0),
+                self.early_successes.pop(batch_id, 0))
 
     def forget(self, key: RequestKey) -> PendingRequest | None:
         pending = self.requests.pop(key, None)

@@ -1,8 +1,14 @@
 """Per model-version statistics, in Triton's statistics-extension terms (durations in ns).
 
-Counting rules (Triton): ``success``/``fail``/``queue``/``compute_*`` count requests, each request
-carrying its batch's compute durations; ``inference_count`` counts batch rows; ``execution_count``
-and ``batch_stats`` count executions.
+Counting rules (Triton 2.51, measured against it): ``execution_count`` and ``batch_stats`` count
+executions, every one whatever became of its requests (``batch_stats`` by the rows it ran).
+A request that succeeded counts in ``success``, ``queue`` and ``compute_*`` (each request
+carrying its batch's compute durations) and its rows in ``inference_count``; one that failed
+counts in ``fail`` (by reason) only. A request succeeded when the model executed it and
+answered it, even with an error response (a python model's ``InferenceResponse(error=...)``,
+outputs that did not fit a client region: ``Error.in_response``); it failed when it was
+rejected, cancelled, or its execution failed (``execute`` raised, the instance died). A
+decoupled request succeeds when its stream ends with anything but an execution failure.
 
 An ensemble (core ``ensemble_scheduler.cc`` ``RequestTracker``, ``infer_stats.cc``) has no
 executions of its own: each successful ensemble request counts as one execution of its batch
@@ -110,8 +116,15 @@ class ModelVersionStats:
         if misses:
             self.cache_miss.add(miss_ns, misses)
 
-    def record_execution(self, rows: int, requests: int, timings: BatchTimings) -> None:
+    def record_execution(self, rows: int, timings: BatchTimings) -> None:
+        """One execution of ``rows`` batch rows, whatever became of its requests."""
         self._count_execution(rows, timings)
+
+    def record_compute(self, timings: BatchTimings, requests: int = 1) -> None:
+        """The compute durations of ``requests`` successful requests of one execution (each
+        carries the execution's durations, Triton's rule)."""
+        if not requests:
+            return
         self.compute_latency.add(timings.compute_input_ns + timings.compute_infer_ns
                                  + timings.compute_output_ns, requests)
         self.compute_input.add(timings.compute_input_ns * requests, requests)
@@ -134,26 +147,28 @@ class ModelVersionStats:
         self.compute_output.add(compute.compute_output_ns)
         self._count_compute_parts(compute, 1)
         self._count_execution(max(1, batch_size), compute)
+        self.inference_count += max(1, batch_size)
 
-    def record_queue(self, ns: int) -> None:
-        self.queue.add(ns)
-        self.queue_latency.add(ns)
-
-    def record_queues(self, durations: list[int]) -> None:
-        """``record_queue`` for each of a batch's requests."""
-        if durations:
-            self.queue.add(sum(durations), len(durations))
-            self.queue_latency.add_each(durations)
-
-    def record_success(self, ns: int) -> None:
+    def record_success(self, ns: int, queue_ns: int, rows: int) -> None:
+        """One successful request of ``rows`` batch rows, ``ns`` from arrival to its end, of
+        which ``queue_ns`` queued (its compute: ``record_compute``)."""
         self.success.add(ns)
         self.request_latency.add(ns)
+        self.queue.add(queue_ns)
+        self.queue_latency.add(queue_ns)
+        self.inference_count += rows
+        self.last_inference_ms = int(time.time() * 1000)
 
-    def record_successes(self, durations: list[int]) -> None:
-        """``record_success`` for each of a batch's requests."""
+    def record_successes(self, durations: list[int], queued: list[int], rows: int) -> None:
+        """``record_success`` for each of a batch's successful requests (``durations`` and
+        ``queued`` in the same order; ``rows``: theirs in all), in one call."""
         if durations:
             self.success.add(sum(durations), len(durations))
             self.request_latency.add_each(durations)
+            self.queue.add(sum(queued), len(queued))
+            self.queue_latency.add_each(queued)
+            self.inference_count += rows
+            self.last_inference_ms = int(time.time() * 1000)
 
     def record_first_response(self, ns: int) -> None:
         """A decoupled request's first response (or its end, if it had none) ``ns`` after its
@@ -173,7 +188,6 @@ class ModelVersionStats:
 
     def _count_execution(self, rows: int, timings: BatchTimings) -> None:
         self.execution_count += 1
-        self.inference_count += rows
         self.last_inference_ms = int(time.time() * 1000)
         acc = self.batches.setdefault(rows, _BatchAcc())
         acc.compute_input.add(timings.compute_input_ns)

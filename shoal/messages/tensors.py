@@ -11,9 +11,16 @@ ParamValue = str | int | float | bool
 Params = dict[str, ParamValue]
 
 
-class Error(msgspec.Struct, frozen=True, array_like=True):
+class Error(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+    """``in_response``: the request executed and this error is what its response carries (a
+    python model's ``InferenceResponse(error=...)``, or outputs that could not be delivered,
+    e.g. into a client region too small), not a failure of the request. The client gets the
+    error either way; the statistics count such a request as a success, as Triton does
+    (``broker/batch_results.py``)."""
+
     code: ErrorCode
     message: str
+    in_response: bool = False
 
 
 class CudaHandle(msgspec.Struct, frozen=True, array_like=True):

@@ -13,6 +13,8 @@ Each expectation is what Triton 2.51 answered to the same traffic (see each test
 from __future__ import annotations
 
 import pathlib
+import queue
+import re
 import textwrap
 from collections.abc import Iterator
 from typing import Any
@@ -23,6 +25,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+import tritonclient.utils.shared_memory as shm
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
@@ -282,3 +285,207 @@ def test_grpc_sequence_ids_follow_triton_int64_and_string_only(server: ShoalServ
         assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert caught.value.details() == ("invalid value type for 'sequence_id' parameter, "
                                           "expected int64_param or string_param.")
+
+
+# ------------------------------------------------------------------------ finding 8: counting
+
+X = np.arange(4, dtype=np.float32)
+
+
+def _stats(server: ShoalServer, model: str) -> dict[str, int]:
+    """The counts of /v2/models/<model>/stats, flat: inference/execution counts, each
+    inference_stats entry's count, and batch_stats as batch<size>."""
+    document = httpx.get(f"{server.base}/v2/models/{model}/stats", timeout=30).json()
+    entry = document["model_stats"][0]
+    flat = {"inference_count": entry["inference_count"],
+            "execution_count": entry["execution_count"]}
+    flat.update({key: value["count"] for key, value in entry["inference_stats"].items()})
+    for batch in entry["batch_stats"]:
+        flat[f"batch{batch['batch_size']}"] = batch["compute_infer"]["count"]
+    return flat
+
+
+def _metrics(server: ShoalServer, model: str) -> dict[str, float]:
+    """The count series of /metrics for ``model`` (durations left out), keyed by family and
+    the labels other than model and version."""
+    found: dict[str, float] = {}
+    text = httpx.get(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=30).text
+    for line in text.splitlines():
+        if line.startswith("#") or f'model="{model}"' not in line:
+            continue
+        name, value = line.rsplit(" ", 1)
+        family = name.split("{")[0]
+        if family.endswith("_us") or not family.startswith("nv_inference"):
+            continue
+        reason = re.search(r'reason="(\w+)"', name)
+        found[f"{family}[{reason.group(1)}]" if reason else family] = float(value)
+    return found
+
+
+def _delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    return {key: after.get(key, 0) - before.get(key, 0) for key in sorted({*before, *after})
+            if after.get(key, 0) != before.get(key, 0)}
+
+
+class Counted:
+    """The change of a model's statistics and metrics over a ``with`` block."""
+
+    def __init__(self, server: ShoalServer, model: str) -> None:
+        self.server, self.model = server, model
+        self.stats: dict[str, Any] = {}
+        self.metrics: dict[str, Any] = {}
+
+    def __enter__(self) -> Counted:
+        self._before = _stats(self.server, self.model), _metrics(self.server, self.model)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stats = _delta(self._before[0], _stats(self.server, self.model))
+        self.metrics = _delta(self._before[1], _metrics(self.server, self.model))
+
+
+def _infer_both(http: httpclient.InferenceServerClient,
+                grpc_client: grpcclient.InferenceServerClient, model: str) -> list[str]:
+    """One HTTP and one gRPC infer; the error text each got ("" for none)."""
+    errors = []
+    for client, module in ((http, httpclient), (grpc_client, grpcclient)):
+        tensor = module.InferInput("IN", [4], "FP32")
+        tensor.set_data_from_numpy(X)
+        try:
+            client.infer(model, [tensor])
+            errors.append("")
+        except InferenceServerException as exc:
+            errors.append(str(exc.message()))
+    return errors
+
+
+def _stream(server: ShoalServer, model: str) -> list[str]:
+    """One gRPC ModelStreamInfer request: what came back, in order, until the final response."""
+    answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    tensor = grpcclient.InferInput("IN", [4], "FP32")
+    tensor.set_data_from_numpy(X)
+    client.async_stream_infer(model, [tensor], enable_empty_final_response=True)
+    got: list[str] = []
+    try:
+        while True:
+            result, error = answers.get(timeout=30)
+            if error is not None:  # an error response is the stream's last for the client
+                got.append(f"error: {error.message()}")
+                break
+            response = result.get_response()
+            final = response.parameters["triton_final_response"].bool_param
+            got.append(f"{len(response.outputs)} outputs{' final' if final else ''}")
+            if final:
+                break
+    finally:
+        client.stop_stream()
+        client.close()
+    return got
+
+
+SUCCEEDED_TWICE = {"success": 2, "queue": 2, "compute_input": 2, "compute_infer": 2,
+                   "compute_output": 2, "inference_count": 2, "execution_count": 2,
+                   "batch1": 2}
+SUCCEEDED_TWICE_METRICS = {"nv_inference_request_success": 2, "nv_inference_count": 2,
+                           "nv_inference_exec_count": 2}
+
+
+def test_an_error_response_counts_as_a_successful_request(
+        server: ShoalServer, http: httpclient.InferenceServerClient,
+        grpc_client: grpcclient.InferenceServerClient) -> None:
+    """Triton 2.51: a python model's InferenceResponse(error=TritonError) is a success in the
+    statistics; the client gets the error."""
+    with Counted(server, "err_resp") as counted:
+        assert _infer_both(http, grpc_client, "err_resp") == ["boom", "boom"]
+    assert counted.stats == SUCCEEDED_TWICE
+    assert counted.metrics == SUCCEEDED_TWICE_METRICS
+
+
+def test_an_execute_that_raises_counts_a_failure_and_its_execution_only(
+        server: ShoalServer, http: httpclient.InferenceServerClient,
+        grpc_client: grpcclient.InferenceServerClient) -> None:
+    """Triton 2.51: fail, execution_count and batch_stats move; success, queue, compute and
+    inference_count do not; the failure's reason is BACKEND."""
+    with Counted(server, "raises") as counted:
+        errors = _infer_both(http, grpc_client, "raises")
+    assert all("RuntimeError: kaboom" in error for error in errors), errors
+    assert counted.stats == {"fail": 2, "execution_count": 2, "batch1": 2}
+    assert counted.metrics == {"nv_inference_request_failure[BACKEND]": 2,
+                               "nv_inference_exec_count": 2}
+
+
+def test_an_output_region_too_small_counts_as_a_successful_request(
+        server: ShoalServer, http: httpclient.InferenceServerClient,
+        grpc_client: grpcclient.InferenceServerClient) -> None:
+    """Triton 2.51: the model ran and answered; its output did not fit the client's region.
+    The client gets the error, the statistics a success."""
+    regions = []
+    with Counted(server, "ident") as counted:
+        for kind, client, module in (("http", http, httpclient),
+                                     ("grpc", grpc_client, grpcclient)):
+            key_in, key_out = f"/parity-in-{kind}-{server.http_port}", \
+                f"/parity-out-{kind}-{server.http_port}"
+            region_in = shm.create_shared_memory_region(f"in_{kind}", key_in, 16)
+            region_out = shm.create_shared_memory_region(f"out_{kind}", key_out, 8)
+            regions += [region_in, region_out]
+            shm.set_shared_memory_region(region_in, [X])
+            client.register_system_shared_memory(f"in_{kind}", key_in, 16)
+            client.register_system_shared_memory(f"out_{kind}", key_out, 8)
+            tensor = module.InferInput("IN", [4], "FP32")
+            tensor.set_shared_memory(f"in_{kind}", 16)
+            output = module.InferRequestedOutput("OUT")
+            output.set_shared_memory(f"out_{kind}", 8)
+            try:
+                with pytest.raises(InferenceServerException, match="should be at least 16 "
+                                                                   "bytes to hold the results"):
+                    client.infer("ident", [tensor], outputs=[output])
+            finally:
+                client.unregister_system_shared_memory(f"in_{kind}")
+                client.unregister_system_shared_memory(f"out_{kind}")
+    for region in regions:
+        shm.destroy_shared_memory_region(region)
+    assert counted.stats == SUCCEEDED_TWICE
+    assert counted.metrics == SUCCEEDED_TWICE_METRICS
+
+
+def test_decoupled_requests_count_as_one_success_whatever_they_answered(
+        server: ShoalServer) -> None:
+    """Triton 2.51: generate on a model that sends two responses (refused: generate wants
+    exactly one) and a gRPC stream are each one successful request of one row; so is a stream
+    whose final response is an error."""
+    with Counted(server, "dec2") as counted:
+        answer = httpx.post(f"{server.base}/v2/models/dec2/generate",
+                            json={"IN": X.tolist()}, timeout=30)
+        assert "error" in answer.json()
+        assert _stream(server, "dec2") == ["1 outputs", "1 outputs", "0 outputs final"]
+    assert counted.stats == SUCCEEDED_TWICE
+    assert counted.metrics == SUCCEEDED_TWICE_METRICS
+    with Counted(server, "dec_err") as counted:
+        assert _stream(server, "dec_err") == ["1 outputs", "error: late boom"]
+        stream = httpx.post(f"{server.base}/v2/models/dec_err/generate_stream",
+                            json={"IN": X.tolist()}, timeout=30)
+        assert "late boom" in stream.text
+    assert counted.stats == SUCCEEDED_TWICE
+    assert counted.metrics == SUCCEEDED_TWICE_METRICS
+
+
+def test_a_decoupled_execute_that_raises_counts_a_failure(server: ShoalServer) -> None:
+    with Counted(server, "dec_raise") as counted:
+        for path in ("generate", "generate_stream"):
+            answer = httpx.post(f"{server.base}/v2/models/dec_raise/{path}",
+                                json={"IN": X.tolist()}, timeout=30)
+            assert "dec kaboom" in answer.text
+    assert counted.stats == {"fail": 2, "execution_count": 2, "batch1": 2}
+    assert counted.metrics == {"nv_inference_request_failure[BACKEND]": 2,
+                               "nv_inference_exec_count": 2}
+
+
+def test_the_pinned_memory_pool_gauges_say_there_is_none(server: ShoalServer) -> None:
+    text = httpx.get(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=30).text
+    for name, what in (("total", "total memory size"), ("used", "used memory size")):
+        family = f"nv_pinned_memory_pool_{name}_bytes"
+        assert f"# HELP {family} Pinned memory pool {what}, in bytes\n" in text
+        assert f"# TYPE {family} gauge\n" in text
+        assert re.search(rf"^{family} 0(\.0)?$", text, re.MULTILINE), text

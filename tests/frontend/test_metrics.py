@@ -124,6 +124,16 @@ def test_cpu_gauges_are_present() -> None:
     assert "nv_inference_count" not in render_prometheus([])
 
 
+def test_pinned_memory_pool_gauges_are_present_and_zero() -> None:
+    """shoal has no pinned pool: Triton's two gauges, with its HELP/TYPE lines, at 0."""
+    text = render_prometheus([stats()])
+    for name, what in (("total", "total memory size"), ("used", "used memory size")):
+        family = f"nv_pinned_memory_pool_{name}_bytes"
+        assert f"# HELP {family} Pinned memory pool {what}, in bytes\n" in text
+        assert f"# TYPE {family} gauge\n" in text
+        assert samples(text)[family] == 0
+
+
 def test_label_values_are_escaped() -> None:
     name = 'we"ird\\na\nme'
     text = render_prometheus([stats(name)], RepositorySnapshot([make_model(name)], True))

@@ -29,7 +29,12 @@ from shoal.frontend.metrics.config import SUMMARY_MAX_AGE_S, MetricsConfig
 from shoal.frontend.metrics.custom import custom_families
 from shoal.frontend.metrics.device_ledger import device_ledger_families
 from shoal.frontend.metrics.exposition import CONTENT_TYPE, render
-from shoal.frontend.metrics.families import cpu_families, lifecycle_families, model_families
+from shoal.frontend.metrics.families import (
+    cpu_families,
+    lifecycle_families,
+    model_families,
+    pinned_memory_families,
+)
 from shoal.frontend.metrics.gpu import GpuReading, NvmlReader, gpu_families
 from shoal.frontend.metrics.latency import (
     SummaryWindows,
@@ -59,8 +64,8 @@ def render_prometheus(stats: Sequence[ModelStats], snapshot: RepositorySnapshot 
                       now: float | None = None, devices: Sequence[DeviceMemory] = ()) -> str:
     """The text exposition: per-version families of ``stats``, the latency histogram and
     summaries as ``config`` asks (summary quantiles over ``windows`` at ``now``), the lifecycle
-    of ``snapshot``, CPU, the ``gpus`` readings, the device-memory ledger's ``devices`` and the
-    models' ``custom`` families."""
+    of ``snapshot``, the pinned-memory pool (none), CPU, the ``gpus`` readings, the
+    device-memory ledger's ``devices`` and the models' ``custom`` families."""
     config = config or MetricsConfig()
     families: list[Metric] = [*model_families(stats, config.counter_latencies)]
     if config.histogram_latencies:
@@ -74,6 +79,7 @@ def render_prometheus(stats: Sequence[ModelStats], snapshot: RepositorySnapshot 
     if config.response_cache:
         families.extend(cache_families(stats, snapshot))
     families.extend(lifecycle_families(snapshot))
+    families.extend(pinned_memory_families())
     families.extend(cpu_families())
     if config.allow_gpu_metrics:
         families.extend(gpu_families(gpus))

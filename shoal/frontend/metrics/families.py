@@ -5,7 +5,8 @@ Per model version, from the broker's statistics (global: every frontend's reques
 success / failure (by ``reason``) counts, inference and execution counts, pending requests, and
 the cumulative durations in µs (``counter_latencies``). Counters carry no ``_total`` suffix
 (prometheus-cpp's naming, as Triton). From the repository snapshot: Triton's
-``nv_model_load_duration_secs`` and shoal's own ``shoal_model_*`` lifecycle families.
+``nv_model_load_duration_secs`` and shoal's own ``shoal_model_*`` lifecycle families. Triton's
+pinned-memory pool gauges (always 0: shoal has no such pool).
 """
 
 from __future__ import annotations
@@ -138,6 +139,17 @@ def lifecycle_families(snapshot: RepositorySnapshot | None) -> Iterator[Metric]:
     for s in events:
         last.add_metric((s.name,), s.last_load_seconds)
     yield last
+
+
+def pinned_memory_families() -> Iterator[Metric]:
+    """Triton's pinned-memory pool gauges. shoal keeps no pinned (page-locked) host pool:
+    tensors travel through POSIX shared memory, and a CUDA copy stages through the worker's
+    own buffers. So both are 0, what Triton reports when it has no pool (e.g. with
+    ``--pinned-memory-pool-byte-size=0``, or when its pool allocation fails)."""
+    yield GaugeMetricFamily("nv_pinned_memory_pool_total_bytes",
+                            "Pinned memory pool total memory size, in bytes", value=0)
+    yield GaugeMetricFamily("nv_pinned_memory_pool_used_bytes",
+                            "Pinned memory pool used memory size, in bytes", value=0)
 
 
 def cpu_families() -> Iterator[Metric]:

@@ -213,7 +213,9 @@ class PythonBackend:
         if error is not None:
             code = error.code()
             known = code in ErrorCode._value2member_map_
-            return Error(ErrorCode(code) if known else ErrorCode.INTERNAL, error.message())
+            # the model answered with an error: the request itself succeeded (Triton's count)
+            return Error(ErrorCode(code) if known else ErrorCode.INTERNAL, error.message(),
+                         in_response=True)
         wanted = set(request.requested_outputs)
         outputs: list[OutputTensor] = []
         for tensor in response.output_tensors():
