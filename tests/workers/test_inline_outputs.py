@@ -78,3 +78,22 @@ def test_batches_keep_their_arena_lease(parts: tuple[Arena, OutputWriter]) -> No
     assert lease is not None and all(r.inline is None for r in results[0].outputs)
     writer.release(lease.lease_id)
     assert arena.used_bytes == 0
+
+
+def test_outputs_of_no_elements_take_no_slot_streamed_or_batched(
+        parts: tuple[Arena, OutputWriter]) -> None:
+    """A tensor with a 0 dimension (and a BYTES tensor of no elements) has no bytes: it rides
+    inline empty, and a response of nothing else holds no lease (Triton answers these)."""
+    arena, writer = parts
+    empty = BackendResponse([
+        OutputTensor("F", "FP32", np.zeros((0, 3), np.float32)),
+        OutputTensor("S", "BYTES", np.zeros((1, 0), np.object_))])
+    refs, _, lease = writer.write_one([], empty)
+    assert lease is None and arena.used_bytes == 0
+    assert [(r.shape, r.nbytes, r.inline, r.region) for r in refs] == \
+        [([0, 3], 0, b"", ""), ([1, 0], 0, b"", "")]
+    results, lease = writer.write_results([1, 2], [[], []], [empty, token_response()])
+    assert [(r.shape, r.inline) for r in results[0].outputs] == [([0, 3], b""), ([1, 0], b"")]
+    assert lease is not None and len(writer) == 1  # only the second response holds it
+    writer.release(lease.lease_id)
+    assert arena.used_bytes == 0
