@@ -28,6 +28,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
+from shoal.errors import ShoalError
+from shoal.workers.backends.llm.trtllm_parameters import normalize_parameters
+
 _ELEMENT_BYTES: Final = {"float32": 4, "float16": 2, "bfloat16": 2}
 _DEFAULTS: Final = {"max_num_sequences": 64, "max_beam_width": 1,
                     "kv_cache_tokens_per_block": 32}
@@ -60,7 +63,13 @@ def llm_instance_bytes(parameters: Mapping[str, str], model_dir: str,
     """``{"weights": bytes, "kv_pool": bytes}`` of one GPU instance of an llm-backend model
     whose config parameters are ``parameters`` (strings) in ``model_dir``; None when the
     checkpoint cannot be read. ``free_bytes``: the device's free share, for
-    ``kv_cache_free_gpu_mem_fraction`` (unknown: the pool counts 0)."""
+    ``kv_cache_free_gpu_mem_fraction`` (unknown: the pool counts 0). The parameters are read
+    as the backend reads them (``normalize_parameters``: TensorRT-LLM's names and ``${...}``
+    placeholders)."""
+    try:
+        parameters = normalize_parameters(parameters, accelerator=True).values
+    except ShoalError:
+        return None
     checkpoint = Path(os.path.join(model_dir, parameters.get("checkpoint_dir", "").strip()))
     try:
         config = json.loads((checkpoint / "config.json").read_text())
@@ -88,6 +97,8 @@ def llm_instance_bytes(parameters: Mapping[str, str], model_dir: str,
             return None
         room = max(0, (free_bytes or 0) - weights)
         num_blocks = int(room * fraction) // per_block
+        if max_tokens is not None:  # both given: the smaller pool, as the executor sizes it
+            num_blocks = min(num_blocks, math.ceil(max_tokens / tokens_per_block))
     elif num_blocks is None:
         tokens = max_tokens if max_tokens is not None else sequences * max_seq_len
         num_blocks = math.ceil(tokens / tokens_per_block)

@@ -70,7 +70,9 @@ class ExecutorConfig:
     TRT-LLM). ``dtype`` None means the checkpoint's dtype on accelerators and float32 on CPU.
     ``enable_chunked_context``: a context longer than the iteration's token budget is computed
     over several iterations, in chunks of whole KV blocks that fill what the generating
-    requests leave of ``max_num_tokens`` (TRT-LLM's chunked context; off by default as there)."""
+    requests leave of ``max_num_tokens`` (TRT-LLM's chunked context; off by default as there).
+    ``max_queue_size``: the most requests waiting to be admitted to a batch; one more is refused
+    (UNAVAILABLE) at enqueue. None or 0: no limit (TRT-LLM's ``maxQueueSize``)."""
 
     max_beam_width: int = 1
     max_batch_size: int = 64
@@ -82,6 +84,7 @@ class ExecutorConfig:
     kv_cache_config: KvCacheConfig = field(default_factory=KvCacheConfig)
     iter_stats_max_iterations: int = 1000
     request_stats_max_iterations: int = 0
+    max_queue_size: int | None = None
     device: str = "cpu"
     dtype: str | None = None
     logits_post_processor_config: LogitsPostProcessorConfig | None = None

@@ -94,6 +94,9 @@ class Executor:
         self._work = threading.Condition(self._lock)  # loop thread waits for requests
         self._ready = threading.Condition(self._lock)  # await_responses waits for responses
         self._inbox: list[RequestState] = []
+        # requests the scheduler holds, not yet admitted (set by the loop thread after each
+        # pass; an int store, read under _lock by enqueue_requests for max_queue_size)
+        self._queued = 0
         self._cancels: list[int] = []
         self._live: dict[int, int | None] = {}  # request id -> client id, until final response
         self._responses: dict[int, deque[tuple[int, Response]]] = {}
@@ -111,12 +114,21 @@ class Executor:
         return self.enqueue_requests([request])[0]
 
     def enqueue_requests(self, requests: list[Request]) -> list[int]:
+        """Ids of ``requests``, in order; a request that fails ``check_request`` gets its error
+        as its only response. Raises UNAVAILABLE, enqueuing none of them, when the executor is
+        shut down or when ``max_queue_size`` (> 0) requests would be exceeded by those waiting
+        to be admitted (TensorRT-LLM's message)."""
         checked = [(copy.deepcopy(r), self.check_request(r)) for r in requests]
         now = time.monotonic()
         ids: list[int] = []
+        limit = self.config.max_queue_size
         with self._lock:
             if self._stopped:
                 raise unavailable("the LLM executor has been shut down")
+            adding = sum(1 for _, error in checked if error is None)
+            if limit and adding and len(self._inbox) + self._queued + adding > limit:
+                raise unavailable(f"Maximum queue size of {limit} has been reached, please "
+                                  "try again later")
             for request, error in checked:
                 self._last_id += 1
                 ids.append(self._last_id)
@@ -262,6 +274,7 @@ class Executor:
                 if self._stopped:
                     return
                 inbox, self._inbox = self._inbox, []
+                self._queued += len(inbox)  # they join the scheduler's queue below
                 cancels, self._cancels = self._cancels, []
                 hook = self._iteration_hook
             for state in inbox:
@@ -270,6 +283,7 @@ class Executor:
                 self._publish([(i, r) for i in cancels for r in self._engine.cancel(i)])
             if self._engine.has_work:
                 self._iterate()
+            self._queued = len(self._engine.scheduler.waiting)
             if hook is not None:
                 try:
                     hook()

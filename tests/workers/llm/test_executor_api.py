@@ -305,6 +305,25 @@ def test_shutdown_ends_live_requests_and_refuses_new_ones(llama_dir: pathlib.Pat
     assert not executor.can_enqueue_requests()
 
 
+def test_max_queue_size_refuses_what_would_overfill_the_queue(llama_dir: pathlib.Path) -> None:
+    """TensorRT-LLM's maxQueueSize (the tensorrt_llm model's dynamic_batching max_queue_size):
+    requests waiting to be admitted are bounded; an enqueue that would pass the bound is
+    refused whole (UNAVAILABLE, TRT-LLM's message) and the queue drains as before."""
+    executor = Executor(llama_dir, ExecutorConfig(max_batch_size=1, max_queue_size=2))
+    try:
+        with pytest.raises(ShoalError) as raised:
+            executor.enqueue_requests([Request(PROMPT, 2)] * 3)
+        assert raised.value.code is ErrorCode.UNAVAILABLE
+        assert raised.value.message == ("Maximum queue size of 2 has been reached, please try "
+                                        "again later")
+        ids = executor.enqueue_requests([Request(PROMPT, 2)] * 2)
+        for responses in collect(executor, ids).values():
+            final = responses[-1].result
+            assert final is not None and final.is_final
+    finally:
+        executor.shutdown()
+
+
 def test_tokenizer_and_workspace(llama_dir: pathlib.Path) -> None:
     workspace = WorkspacePool("cpu", 1 << 20)
     config = ExecutorConfig(kv_cache_config=KvCacheConfig(tokens_per_block=16, num_blocks=16))

@@ -1,5 +1,6 @@
 """The ``llm`` backend: one in-process ``shoal.workers.llm.Executor`` per model instance,
-served as a decoupled model.
+served as a decoupled model (or, with ``decoupled: false``, as TensorRT-LLM's backend serves
+one: see "Not decoupled" below).
 
 ``execute`` (worker main thread) turns each request into an executor ``Request`` (see
 ``interface.py``), checks it against the executor's limits (a bad request answers at once with
@@ -8,8 +9,28 @@ pass of the executor's loop, on its thread (``Executor.set_iteration_hook``), ``
 takes the responses ready and streams each back through ``InstanceContext.send_response``, one
 message per iteration; the executor's final result ends the request. (A thread of its own for
 this contended for the GIL with the iteration's Python at every torch call: 11% fewer tokens/s
-at 32 streaming clients.) The broker never batches for this model (in-flight batching happens in the
-executor, across requests that arrive one by one); ``dynamic_batching`` is refused at load.
+at 32 streaming clients.) In-flight batching happens in the executor, across requests that
+arrive one by one. ``dynamic_batching`` is accepted as TensorRT-LLM's backend accepts it: the
+broker's dynamic batcher hands queued requests over in batches (its ``preferred_batch_size`` /
+``max_queue_delay_microseconds`` / queue policy apply, as Triton's core applies them), each
+request of a batch is enqueued on its own, and ``default_queue_policy.max_queue_size`` (> 0)
+also bounds the executor's queue of requests waiting to be admitted
+(``ExecutorConfig.max_queue_size``). ``sequence_batching`` is refused.
+
+Parameters: ``trtllm_parameters.normalize_parameters`` first (TensorRT-LLM's parameters that
+change nothing here are dropped and named in ONE warning per instance; unfilled ``${...}``
+placeholders are unset; ``gpt_model_path`` is the checkpoint), then ``settings`` and the other
+readers.
+
+Not decoupled (``model_transaction_policy { decoupled: false }``): each request gets exactly one
+response, as from TensorRT-LLM's backend in that mode: streaming is refused ("Streaming is only
+supported if model is deployed using decoupled mode.") and so is more than one sequence per
+request ("Batch size > 1 requires ..."). ``execute`` enqueues every request of the batch, then
+waits until each has its final result (collected by ``_collect`` from the executor's thread)
+and returns them: the requests of one batch run in flight together, and the next batch
+starts when this one has ended (Triton's backend API lets TensorRT-LLM answer after
+``execute`` returned; shoal's worker takes the answers of a non-decoupled model from
+``execute``).
 
 Cancellation: after each pass of the executor's loop the hook also reads the worker's
 cancellation flags (a client that disconnected or cancelled: the broker sends
@@ -83,6 +104,7 @@ from shoal.workers.backends.llm.logits import (
 )
 from shoal.workers.backends.llm.settings import model_parameters, read_settings
 from shoal.workers.backends.llm.threads import configure_threads
+from shoal.workers.backends.llm.trtllm_parameters import ignored_warning, normalize_parameters
 from shoal.workers.llm import Executor, FinishReason, Response, Result
 from shoal.workers.llm.checkpoint import read_model_spec
 
@@ -139,29 +161,41 @@ class LlmBackend:
         self._figures: LlmFigures | None = None
         self._token_logprobs: TokenLogprobs | None = None
         self._stream_batch: Callable[[], AbstractContextManager[None]] = nullcontext
+        self._decoupled = True
+        # not decoupled: worker request id -> its answer, and the ids whose final came
+        self._collected: dict[int, BackendResponse | Error] = {}
+        self._finished: set[int] = set()
+        self._collect_done = threading.Condition()
 
     # ------------------------------------------------------------------ contract
 
     def load(self, ctx: InstanceContext) -> None:
         config = ctx.config
-        if not is_decoupled(config):
-            raise invalid_arg("llm backend: the model must be decoupled "
-                              "(model_transaction_policy { decoupled: true })")
-        if config.HasField("dynamic_batching") or config.HasField("sequence_batching"):
-            raise invalid_arg("llm backend: remove dynamic_batching / sequence_batching; the "
-                              "executor batches requests in flight")
+        self._decoupled = is_decoupled(config)
+        if config.HasField("sequence_batching"):
+            raise invalid_arg("llm backend: remove sequence_batching; the executor batches "
+                              "requests in flight")
         if ctx.send_response is None or ctx.is_cancelled is None:
             raise invalid_arg("llm backend: the worker gave no response sink")
-        settings = read_settings(model_parameters(config), ctx.model_dir, ctx.device,
-                                 ctx.backend_settings)
-        configure_threads(model_parameters(config), ctx.backend_settings, config, ctx.device,
+        parameters = normalize_parameters(model_parameters(config),
+                                          accelerator=ctx.device.startswith("cuda"))
+        if parameters.ignored:
+            logger.warning("%s", ignored_warning(ctx.model_name, parameters.ignored))
+        if parameters.unset:
+            logger.info("model '%s': llm backend: parameter(s) left as ${...} placeholders are "
+                        "not set: %s", ctx.model_name, ", ".join(parameters.unset))
+        values = parameters.values
+        settings = read_settings(values, ctx.model_dir, ctx.device, ctx.backend_settings)
+        configure_threads(values, ctx.backend_settings, config, ctx.device,
                           ctx.default_intra_op_threads)
-        guided = guided_decoding_config(model_parameters(config), settings.checkpoint_dir,
+        guided = guided_decoding_config(values, settings.checkpoint_dir,
                                         read_model_spec(settings.checkpoint_dir).eos_token_id)
-        processors = load_logits_post_processors(model_parameters(config), ctx.model_dir)
+        processors = load_logits_post_processors(values, ctx.model_dir)
+        queue_limit = (int(config.dynamic_batching.default_queue_policy.max_queue_size)
+                       if config.HasField("dynamic_batching") else 0)
         executor = Executor(settings.checkpoint_dir, dataclasses.replace(
             settings.executor_config, guided_decoding_config=guided,
-            logits_post_processor_config=processors))
+            logits_post_processor_config=processors, max_queue_size=queue_limit or None))
         self._executor = executor
         if executor.tokenizer is not None:
             self._token_logprobs = TokenLogprobs(executor.tokenizer)
@@ -173,13 +207,47 @@ class LlmBackend:
         self._declares_batch_index = any(o.name == BATCH_INDEX for o in config.output)
         self._exclude_input = settings.exclude_input_in_output
         self._send, self._is_cancelled = ctx.send_response, ctx.is_cancelled
-        if ctx.stream_batch is not None:
+        if not self._decoupled:
+            self._send = self._collect  # answers return from execute
+        elif ctx.stream_batch is not None:
             self._stream_batch = ctx.stream_batch
         self._figures = LlmFigures(executor)
         executor.set_iteration_hook(self._deliver_ready)
 
     def execute(self, requests: list[BackendRequest]) -> list[BackendResponse | Error | None]:
-        return [self._submit(request) for request in requests]
+        if self._decoupled:
+            return [self._submit(request) for request in requests]
+        return list(self._execute_to_the_end(requests))
+
+    def _execute_to_the_end(self, requests: list[BackendRequest]
+                            ) -> list[BackendResponse | Error]:
+        """Not decoupled: enqueue every request, wait for each one's final result, return the
+        answers (an Error for a request refused, failed or cancelled)."""
+        refused = [self._submit(request) for request in requests]
+        running = {r.request_id for r, problem in zip(requests, refused, strict=True)
+                   if problem is None}
+        with self._collect_done:
+            self._collect_done.wait_for(lambda: running <= self._finished)
+            self._finished -= running
+            answers = {request_id: self._collected.pop(request_id, None)
+                       for request_id in running}
+        results: list[BackendResponse | Error] = []
+        for request, problem in zip(requests, refused, strict=True):
+            answer = problem or answers.get(request.request_id)
+            results.append(answer if answer is not None else
+                           Error(ErrorCode.CANCELLED, "the request was cancelled"))
+        return results
+
+    def _collect(self, request_id: int, answer: BackendResponse | Error | None,
+                 final: bool) -> None:
+        """The response sink when not decoupled (the executor's thread): keep the answer (a
+        request that is not streamed has one), wake ``execute`` at the final one."""
+        with self._collect_done:
+            if answer is not None:
+                self._collected[request_id] = answer
+            if final:
+                self._finished.add(request_id)
+                self._collect_done.notify_all()
 
     def unload(self) -> None:
         if self._executor is not None:
@@ -199,6 +267,13 @@ class LlmBackend:
         except ShoalError as exc:
             return Error(exc.code, exc.message)
         several = len(items) > 1
+        if not self._decoupled:  # TensorRT-LLM's rules (and messages) for this mode
+            if several:
+                return Error(ErrorCode.INVALID_ARG, "Batch size > 1 requires the tensorrt_llm "
+                             "backend to be using decoupled transaction policy")
+            if items[0].request.streaming:
+                return Error(ErrorCode.INVALID_ARG, "Streaming is only supported if model is "
+                             "deployed using decoupled mode.")
         counted = tuple(name for name in COUNT_OUTPUTS if name in request.requested_outputs)
         batch = _Batch(len(items), items[0].request.streaming,
                        BATCH_INDEX in request.requested_outputs or (
@@ -230,7 +305,10 @@ class LlmBackend:
             parsed.request.client_id = request.request_id
             opened.append(open_request)
         with self._lock:
-            executor_ids = executor.enqueue_requests([o.parsed.request for o in opened])
+            try:
+                executor_ids = executor.enqueue_requests([o.parsed.request for o in opened])
+            except ShoalError as exc:  # a full queue (max_queue_size), a shut-down executor
+                return Error(exc.code, exc.message)
             for executor_id, open_request in zip(executor_ids, opened, strict=True):
                 open_request.executor_id = executor_id
                 self._open[executor_id] = open_request

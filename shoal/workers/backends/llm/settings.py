@@ -5,7 +5,8 @@
 parameter                       meaning                                               default
 =============================== ===================================================== =========
 ``checkpoint_dir``              Hugging Face checkpoint directory, relative to the    required
-                                model's folder or absolute
+                                model's folder or absolute (TensorRT-LLM's
+                                ``gpt_model_path`` names it too)
 ``max_num_sequences``           requests in one iteration (executor max batch size)   64
 ``max_num_tokens``              tokens computed in one iteration                      8192
 ``max_seq_len``                 prompt + generated tokens per sequence                model's
@@ -25,11 +26,18 @@ parameter                       meaning                                         
 ``INTRA_OP_THREAD_COUNT``       torch threads of the worker (``threads.py``)         cores - 1
 ``enable_kv_cache_reuse``       reuse KV blocks of identical prompt prefixes          true
 ``enable_chunked_context``      prefill long prompts over several iterations          false
+``iter_stats_max_iterations``   iteration statistics kept between two reads           1000
+``request_stats_max_iterations`` request statistics kept (0: off)                     0
 =============================== ===================================================== =========
 
 With no pool size the pool holds ``max_num_sequences * max_beam_width`` sequences of
-``max_seq_len`` tokens. The checkpoint must resolve (symlinks followed) inside the model's folder
-unless the server names other allowed roots: ``--backend-config=llm,checkpoint-roots=/a:/b``.
+``max_seq_len`` tokens; ``max_tokens_in_paged_kv_cache`` with ``kv_cache_free_gpu_mem_fraction``
+takes the smaller of the two, as TensorRT-LLM does. The parameters arrive here through
+``trtllm_parameters.normalize_parameters``: TensorRT-LLM's parameters that change nothing here
+and unfilled ``${...}`` placeholders are gone, ``gpt_model_path`` is ``checkpoint_dir``.
+
+The checkpoint must resolve (symlinks followed) inside the model's folder unless the server
+names other allowed roots: ``--backend-config=llm,checkpoint-roots=/a:/b``.
 """
 
 from __future__ import annotations
@@ -59,6 +67,7 @@ _KNOWN = frozenset({
     "guided_decoding_backend",  # read by guided.py (xgrammar | none)
     "INTRA_OP_THREAD_COUNT",  # read by threads.py (torch intra-op threads)
     "logits_post_processors",  # read by logits.py (a python file in the model's folder)
+    "iter_stats_max_iterations", "request_stats_max_iterations",
 })
 _POLICIES = {p.value: p for p in CapacitySchedulerPolicy}
 _BATCHING = {"inflight_fused_batching": BatchingType.INFLIGHT,
@@ -79,13 +88,14 @@ def model_parameters(config: Any) -> dict[str, str]:
 
 def read_settings(parameters: dict[str, str], model_dir: str, device: str,
                   backend_settings: dict[str, str]) -> LlmModelSettings:
-    """Raises INVALID_ARG naming the parameter at fault. Unknown ``shoal_*`` parameters belong
-    to the server and are ignored; other unknown ones are refused (a typo would silently fall
-    back to a default)."""
+    """``parameters``: ``normalize_parameters``' values. Raises INVALID_ARG naming the
+    parameter at fault. Unknown ``shoal_*`` parameters belong to the server and are ignored;
+    other unknown ones are refused (a typo would silently fall back to a default)."""
     unknown = sorted(k for k in parameters if k not in _KNOWN and not k.startswith("shoal_"))
     if unknown:
         raise invalid_arg(f"llm backend: unknown config parameter(s) {', '.join(unknown)} "
-                          f"(known: {', '.join(sorted(_KNOWN))})")
+                          f"(known: {', '.join(sorted(_KNOWN))}; TensorRT-LLM's that change "
+                          f"nothing here are accepted and ignored)")
     checkpoint = resolve_checkpoint(parameters.get("checkpoint_dir", ""), model_dir,
                                     backend_settings.get(ALLOWED_ROOTS_SETTING, ""))
     policy_name = parameters.get("batch_scheduler_policy", "guaranteed_no_evict").lower()
@@ -109,10 +119,13 @@ def read_settings(parameters: dict[str, str], model_dir: str, device: str,
     given = [n for n, v in (("kv_cache_num_blocks", num_blocks),
                             ("max_tokens_in_paged_kv_cache", max_tokens),
                             ("kv_cache_free_gpu_mem_fraction", fraction)) if v is not None]
-    if len(given) > 1:
+    if num_blocks is not None and len(given) > 1:
         raise invalid_arg(f"llm backend: give one KV cache size, not {' and '.join(given)}")
     if fraction is not None:
         num_blocks = _blocks_for_fraction(fraction, checkpoint, device, tokens_per_block, dtype)
+        if max_tokens is not None:  # both: the smaller pool, as TensorRT-LLM sizes it
+            num_blocks = min(num_blocks, math.ceil(max_tokens / tokens_per_block))
+            max_tokens = None
     try:
         executor_config = ExecutorConfig(
             max_beam_width=max_beam_width, max_batch_size=max_num_sequences,
@@ -124,6 +137,8 @@ def read_settings(parameters: dict[str, str], model_dir: str, device: str,
                                           max_tokens=max_tokens, num_blocks=num_blocks,
                                           enable_block_reuse=_bool(
                                               parameters, "enable_kv_cache_reuse", True)),
+            iter_stats_max_iterations=_count(parameters, "iter_stats_max_iterations", 1000),
+            request_stats_max_iterations=_count(parameters, "request_stats_max_iterations", 0),
             device=device, dtype=dtype)
     except ValueError as exc:
         raise invalid_arg(f"llm backend: {exc}") from None
@@ -138,8 +153,9 @@ def resolve_checkpoint(value: str, model_dir: str, allowed_roots: str) -> Path:
     """``value`` relative to ``model_dir`` (or absolute), symlinks resolved; it must lie inside
     the model's folder or one of ``allowed_roots`` (``os.pathsep``-separated)."""
     if not value.strip():
-        raise invalid_arg("llm backend: config parameter checkpoint_dir is required (the "
-                          "Hugging Face checkpoint directory, relative to the model's folder)")
+        raise invalid_arg("llm backend: config parameter checkpoint_dir (or TensorRT-LLM's "
+                          "gpt_model_path) is required (the Hugging Face checkpoint directory, "
+                          "relative to the model's folder)")
     path = Path(os.path.join(model_dir, value)).resolve()
     roots = [Path(model_dir).resolve()] + [Path(r).resolve()
                                            for r in allowed_roots.split(os.pathsep) if r]
@@ -178,6 +194,21 @@ def _optional_int(parameters: dict[str, str], name: str) -> int | None:
                           f"got '{text}'") from None
     if value < 1:
         raise invalid_arg(f"llm backend: config parameter {name} must be >= 1, got {value}")
+    return value
+
+
+def _count(parameters: dict[str, str], name: str, default: int) -> int:
+    """A non-negative integer parameter (0 allowed)."""
+    text = parameters.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise invalid_arg(f"llm backend: config parameter {name} must be an integer >= 0, "
+                          f"got '{text}'")
     return value
 
 
