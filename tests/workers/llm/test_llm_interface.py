@@ -178,3 +178,16 @@ def test_stacked_items_pad_with_each_items_pad_id() -> None:
     assert (index.name, index.datatype, index.array.tolist()) == (
         "batch_index", "INT32", [[0], [1], [2]])
     assert batch_index_output([1], batching=True).array.shape == (1, 1)
+
+
+def test_seed_is_read_under_trtllms_stock_name_too() -> None:
+    """TensorRT-LLM's stock config declares ``seed``; ``random_seed`` wins when both come."""
+    def seed(**extra: Any) -> int | None:
+        return parse_request(_request(input_ids=np.array([5, 6], np.int32),
+                                      request_output_len=np.array([4]), **extra),
+                             batching=False, tokenizer=None, eos_token_id=2,
+                             exclude_input=False).request.sampling_config.seed
+
+    assert seed(seed=np.array([7], np.uint64)) == 7
+    assert seed(seed=np.array([7], np.uint64), random_seed=np.array([9], np.uint64)) == 9
+    assert seed() is None

@@ -5,8 +5,9 @@ Two forms on the same model (the first input present decides):
 - **tensors** (TensorRT-LLM backend names): ``input_ids`` INT32 [-1] (required),
   ``request_output_len`` INT32 [1] (required), optional ``input_lengths``, ``end_id``,
   ``pad_id``, ``beam_width``, ``temperature``, ``runtime_top_k``, ``runtime_top_p``,
-  ``random_seed`` (UINT64), ``stop_words_list`` / ``bad_words_list`` (INT32 [2, -1]: token ids,
-  then the end offset of each word, padded with -1), ``streaming``, ``return_log_probs`` (BOOL)
+  ``random_seed`` (UINT64; or ``seed``), ``stop_words_list`` / ``bad_words_list`` (INT32
+  [2, -1]: token ids, then the end offset of each word, padded with -1), ``streaming``,
+  ``return_log_probs`` (BOOL)
   -> ``output_ids`` [beams, len], ``sequence_length`` [beams], ``cum_log_probs`` [beams],
   ``output_log_probs`` [beams, len] (zeros unless ``return_log_probs``). The end id defaults to
   none (TRT-LLM's preprocessing model supplies it); ``end_id`` -1 means none in both forms.
@@ -209,7 +210,9 @@ def _end_id(inputs: dict[str, npt.NDArray[Any]], default: int | None) -> int | N
 
 
 def _seed(inputs: dict[str, npt.NDArray[Any]]) -> int | None:
-    return _int(inputs, "random_seed")
+    """``random_seed``, else ``seed`` (the name of TensorRT-LLM's stock config)."""
+    seed = _int(inputs, "random_seed")
+    return _int(inputs, "seed") if seed is None else seed
 
 
 def _top_k(value: int | None, name: str) -> int | None:
