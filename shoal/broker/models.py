@@ -98,12 +98,14 @@ def python_auto_complete(model_dir: str, config: object) -> object:
 
 @dataclass(frozen=True)
 class SourceRead:
-    """What a load thread found: the model's source, or why it cannot load. ``materialized_dir``
-    is the private directory its file overrides were written to ("" = none)."""
+    """What a load thread found: the model's source, or why it cannot load (``not_found``: no
+    such model in the repository, Triton's INTERNAL "failed to poll"). ``materialized_dir`` is
+    the private directory its file overrides were written to ("" = none)."""
 
     source: ModelSource | None
     error: str = ""
     materialized_dir: str = ""
+    not_found: bool = False
 
 
 def model_temp_root(settings: Settings) -> str:
@@ -150,6 +152,23 @@ class ModelManager:
             record = self.records[name] = ModelRecord(name)
         return record
 
+    def forget_if_unknown(self, name: str) -> bool:
+        """Drop the record of ``name`` when it is not a model: not in the repository, and
+        nothing of it left (no command, no generation, no version shown, not wanted, not
+        needed by another model's load). What a load of a missing name or an unload of an
+        unknown one leaves behind: Triton keeps no trace of such names (repository index,
+        metrics), and a record per name tried would grow without bound."""
+        record = self.records.get(name)
+        if (record is None or name in self.repository_models or record.busy or record.commands
+                or record.generations() or record.retired or record.wanted):
+            return False
+        for other in self.records.values():
+            if name in other.loaded_with or (
+                    other.loading is not None and name in other.loading.dependencies):
+                return False
+        del self.records[name]
+        return True
+
     def read_source(self, name: str, command: LoadCommand, model_dir: str | None) -> SourceRead:
         """Load thread: check the request, write its overrides (if any) to a private directory,
         read and complete the config. Never raises."""
@@ -165,7 +184,7 @@ class ModelManager:
                     materialized = model_dir = materialize(name, overrides, root)
             if model_dir is None:
                 return SourceRead(None, f"failed to load '{name}', failed to poll from model "
-                                  "repository")
+                                  "repository", not_found=True)
             if not materialized:
                 model_dir = check_model_directory(os.path.dirname(model_dir), name)
             source = load_model_source(
@@ -288,26 +307,32 @@ class ModelManager:
         return infos
 
     def snapshot(self, exiting: bool) -> RepositorySnapshot:
+        """The models, as Triton's repository index lists them: every model of the repository
+        (one that never got a version, e.g. its config does not parse, by name only, in
+        ``unloaded``) and any other name that has versions to show (loaded from load
+        overrides); never a name that was only tried (a load of a missing model, an unload of
+        an unknown one). Load statistics (``shoal_model_*`` metrics) for those names only."""
         self.refresh_ensembles()
         infos: list[ModelVersionInfo] = []
         unloaded: list[str] = []
-        failed: dict[str, str] = {}
+        listed: list[str] = []
         for name in sorted(set(self.repository_models) | set(self.records)):
             record = self.records.get(name)
             found = self._infos(record) if record is not None else []
+            if not found and name not in self.repository_models:
+                continue
+            listed.append(name)
             infos += found
             if not found:
                 unloaded.append(name)
-                if record is not None and record.failure:
-                    failed[name] = record.failure
         ready_models = {i.name for i in infos if i.state is ModelVersionState.READY}
         wanted = {r.name for r in self.records.values() if r.wanted}
         models_ready = not exiting and wanted <= ready_models and not self.repository_failure
         load_stats = [ModelLoadStats(r.name, r.stats.loads, r.stats.failures, r.stats.unloads,
                                      r.stats.last_load_seconds)
-                      for _, r in sorted(self.records.items())]
+                      for name in listed if (r := self.records.get(name)) is not None]
         return RepositorySnapshot(models=infos, models_ready=models_ready, exiting=exiting,
-                                  unloaded=unloaded, failed=failed, load_stats=load_stats)
+                                  unloaded=unloaded, load_stats=load_stats)
 
     def stats(self, model: str, version: int,
               ensemble_pending: Callable[[ModelVersionRuntime], int] | None = None

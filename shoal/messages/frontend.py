@@ -218,13 +218,13 @@ class ModelLoadStats(msgspec.Struct, frozen=True, array_like=True):
 class RepositorySnapshot(msgspec.Struct, frozen=True, array_like=True):
     """broker -> frontend: the full state (sent on Hello and after every state change).
     ``models_ready`` is the strict-readiness verdict (all models have a ready version).
-    ``unloaded`` lists model names present in the repository but without any version info."""
+    ``unloaded`` lists model names present in the repository but without any version info
+    (the repository index shows them by name only, as Triton does)."""
 
     models: list[ModelVersionInfo]
     models_ready: bool
     exiting: bool = False
     unloaded: list[str] = []
-    failed: dict[str, str] = {}  # model name -> why it could not be read (config errors)
     load_stats: list[ModelLoadStats] = []
 
 

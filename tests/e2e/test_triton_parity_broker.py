@@ -489,3 +489,71 @@ def test_the_pinned_memory_pool_gauges_say_there_is_none(server: ShoalServer) ->
         assert f"# HELP {family} Pinned memory pool {what}, in bytes\n" in text
         assert f"# TYPE {family} gauge\n" in text
         assert re.search(rf"^{family} 0(\.0)?$", text, re.MULTILINE), text
+
+
+# ------------------------------------------------------------------------ finding 9: the index
+
+
+def _index_http(server: ShoalServer) -> list[dict[str, str]]:
+    answer = httpx.post(f"{server.base}/v2/repository/index", json={}, timeout=30)
+    assert answer.status_code == 200
+    return list(answer.json())
+
+
+def _index_grpc(client: grpcclient.InferenceServerClient) -> list[dict[str, str]]:
+    return list(client.get_model_repository_index(as_json=True).get("models", []))
+
+
+def _metric_model_names(server: ShoalServer) -> set[str]:
+    text = httpx.get(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=30).text
+    return set(re.findall(r'model="([^"]+)"', text))
+
+
+def test_names_that_are_not_models_leave_no_trace_in_the_index_or_metrics(
+        server: ShoalServer, grpc_client: grpcclient.InferenceServerClient) -> None:
+    """Triton 2.51 in explicit mode: a load of a name the repository lacks is 500 "failed to
+    poll", an unload of an unknown name succeeds, and neither name ever shows in the index or
+    in /metrics. A model whose initialize raises is listed UNAVAILABLE with its reason; one
+    whose config does not parse, and one never loaded, by name only."""
+    for client_kind in ("http", "grpc"):
+        if client_kind == "http":
+            load = httpx.post(f"{server.base}/v2/repository/models/nosuch/load", json={},
+                              timeout=60)
+            assert (load.status_code, load.json()) == (500, {
+                "error": "failed to load 'nosuch', failed to poll from model repository"})
+            unload = httpx.post(f"{server.base}/v2/repository/models/unknown/unload", json={},
+                                timeout=60)
+            assert unload.status_code == 200
+            failed = httpx.post(f"{server.base}/v2/repository/models/badinit/load", json={},
+                                timeout=60)
+            assert failed.status_code == 400 and "init boom" in failed.json()["error"]
+        else:
+            with pytest.raises(InferenceServerException) as caught:
+                grpc_client.load_model("nosuch_grpc")
+            assert caught.value.status() == "StatusCode.INTERNAL"
+            assert caught.value.message() == ("failed to load 'nosuch_grpc', failed to poll "
+                                              "from model repository")
+            grpc_client.unload_model("unknown_grpc")
+            with pytest.raises(InferenceServerException, match="init boom") as caught:
+                grpc_client.load_model("badinit")
+            assert caught.value.status() == "StatusCode.INVALID_ARGUMENT"
+        with pytest.raises(InferenceServerException):
+            grpc_client.load_model("badcfg")
+
+    for index in (_index_http(server), _index_grpc(grpc_client)):
+        assert [entry["name"] for entry in index] == REPOSITORY
+        by_name = {entry["name"]: entry for entry in index}
+        assert by_name["badcfg"] == {"name": "badcfg"}
+        badinit = by_name["badinit"]
+        assert (badinit["version"], badinit["state"]) == ("1", "UNAVAILABLE")
+        assert "init boom" in badinit["reason"]
+        assert by_name["ident"] == {"name": "ident", "version": "1", "state": "READY"}
+
+    names = _metric_model_names(server)
+    assert not names & {"nosuch", "unknown", "nosuch_grpc", "unknown_grpc"}, names
+    assert set(LOADED) <= names
+    missing = httpx.get(f"{server.base}/v2/models/nosuch", timeout=30)
+    assert missing.json() == {"error": "Request for unknown model: 'nosuch' is not found"}
+    never = httpx.get(f"{server.base}/v2/models/badinit", timeout=30)
+    assert never.json() == {
+        "error": "Request for unknown model: 'badinit' has no available versions"}

@@ -134,6 +134,8 @@ class LifecycleDriver:
             else:
                 record.busy = True
                 self._read_in_thread(record.name, command)
+        if self.models.forget_if_unknown(record.name):  # a name tried, not a model
+            self.dirty = True
 
     def _read_in_thread(self, name: str, command: LoadCommand) -> None:
         def read() -> None:
@@ -176,7 +178,7 @@ class LifecycleDriver:
         if self.stopping or read.source is None:
             self._remove_dir(read.materialized_dir)
             self._load_failed(record, command.waiter, "Server exiting" if self.stopping
-                              else read.error, now)
+                              else read.error, now, not_found=read.not_found)
             return
         try:
             generation = self.models.build_generation(name, read, command, now)
@@ -300,8 +302,10 @@ class LifecycleDriver:
         self._command_done(record, now)
 
     def _load_failed(self, record: ModelRecord, waiter: Waiter | None, reason: str, now: float,
-                     generation: Generation | None = None) -> None:
-        message = reason if reason == "Server exiting" else \
+                     generation: Generation | None = None, not_found: bool = False) -> None:
+        """``not_found``: the repository has no such model: Triton's INTERNAL (500) with its
+        text alone; any other failure is INVALID_ARG (400) "load failed for model ...". """
+        message = reason if reason == "Server exiting" or not_found else \
             f"load failed for model '{record.name}': {reason}"
         logger.error("%s", message)
         if generation is not None:
@@ -311,7 +315,8 @@ class LifecycleDriver:
         else:
             record.failure = message
             record.stats.failures += 1
-        self.reply(waiter, Error(ErrorCode.INVALID_ARG, message))
+        self.reply(waiter, Error(ErrorCode.INTERNAL if not_found else ErrorCode.INVALID_ARG,
+                                 message))
         self._command_done(record, now)
 
     def _command_done(self, record: ModelRecord, now: float) -> None:

@@ -78,11 +78,7 @@ def repository_index(snapshot: RepositorySnapshot, ready_only: bool) -> list[dic
         for name in snapshot.unloaded:
             if name in listed:
                 continue
-            entry = {"name": name}
-            if name in snapshot.failed:
-                entry.update(state=ModelVersionState.UNAVAILABLE.value,
-                             reason=snapshot.failed[name])
-            entries.append((name, -1, entry))
+            entries.append((name, -1, {"name": name}))
     entries.sort(key=lambda item: (item[0], item[1]))
     return [entry for _, _, entry in entries]
 
