@@ -51,13 +51,16 @@ class DataPlane(Protocol):
         ...
 
     def model(self, name: str, version: str | None) -> ModelVersionInfo:
-        """Resolve a model for metadata/config/infer. ``version`` is the URL's version string or
-        None (policy: highest READY version). Raises ShoalError:
-        unknown name -> INVALID_ARG "Request for unknown model: 'x' is not found";
-        known name, no such version / none -> NOT_FOUND; version not READY -> UNAVAILABLE."""
+        """Resolve a model for metadata/config/infer. ``version`` is the request's version
+        string or None (policy: highest serving version). Raises ShoalError with Triton's codes
+        and texts (``model_lookup``): a bad version string -> INVALID_ARG; a name with no
+        version, no serving version, or no such version -> NOT_FOUND; a version that does not
+        serve -> UNAVAILABLE."""
         ...
 
-    def model_ready(self, name: str, version: str | None) -> bool: ...
+    def model_ready(self, name: str, version: str | None) -> bool:
+        """A READY version (any, or ``version``); INVALID_ARG for a bad version string."""
+        ...
 
     def ready_versions(self, name: str) -> list[int]: ...
 
@@ -103,6 +106,9 @@ class DataPlane(Protocol):
         """Give an outcome's output memory back to the worker (no round trip)."""
         ...
 
-    async def stats(self, model: str, version: int) -> StatsReply: ...
+    async def stats(self, model: str, version: int) -> StatsReply:
+        """Statistics of every model (``model`` empty) or of one (``version`` -1: its ready
+        versions); a model or version with nothing ready is INVALID_ARG (Triton's texts)."""
+        ...
 
     def next_request_id(self) -> int: ...

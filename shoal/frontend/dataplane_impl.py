@@ -20,7 +20,8 @@ import os
 from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Final
 
-from shoal.errors import ErrorCode, ShoalError, invalid_arg, not_found, unavailable
+from shoal.errors import ErrorCode, ShoalError, unavailable
+from shoal.frontend import model_lookup
 from shoal.frontend.broker_client import BrokerClient
 from shoal.frontend.dataplane import InferOutcome
 from shoal.frontend.response_cache import CacheProbe, ResponseCache
@@ -51,6 +52,14 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 FIRST_SNAPSHOT_WAIT_S: Final = 30.0  # start serving without one after this (broker busy)
+
+
+def _serving(info: ModelVersionInfo) -> bool:
+    return info.serving
+
+
+def _ready(info: ModelVersionInfo) -> bool:
+    return info.state is ModelVersionState.READY
 
 
 def frontend_identity(pid: int) -> str:
@@ -170,33 +179,10 @@ class FrontendDataPlane:
         return self._snapshot.models_ready or not self.settings.strict_readiness
 
     def model(self, name: str, version: str | None) -> ModelVersionInfo:
-        versions = self._models.get(name)
-        if versions is None:
-            raise invalid_arg(f"Request for unknown model: '{name}' is not found")
-        if version is None:
-            ready = [v for v, i in versions.items() if i.serving]
-            if not ready:
-                raise unavailable(f"Request for unknown model: '{name}' has no available "
-                                  "versions")
-            return versions[max(ready)]
-        try:
-            info = versions.get(int(version))
-        except ValueError:
-            info = None
-        if info is None:
-            raise not_found(f"Request for unknown model: '{name}' version {version} is not "
-                            "found")
-        if not info.serving:
-            raise unavailable(f"Request for unavailable model: '{name}' version {version} is "
-                              f"not at ready state")
-        return info
+        return model_lookup.resolve(self._models.get(name), name, version, _serving)
 
     def model_ready(self, name: str, version: str | None) -> bool:
-        versions = self._models.get(name, {})
-        if version is None:
-            return any(i.state is ModelVersionState.READY for i in versions.values())
-        info = versions.get(int(version)) if version.isdigit() else None
-        return info is not None and info.state is ModelVersionState.READY
+        return model_lookup.is_ready(self._models.get(name), version, _ready)
 
     def ready_versions(self, name: str) -> list[int]:
         return sorted(v for v, i in self._models.get(name, {}).items()
@@ -357,8 +343,8 @@ class FrontendDataPlane:
             raise ShoalError(reply.error.code, reply.error.message)
 
     async def stats(self, model: str, version: int) -> StatsReply:
-        if model and model not in self._models:
-            raise invalid_arg(f"Request for unknown model: '{model}' is not found")
+        if model:
+            model_lookup.check_stats_target(self.ready_versions(model), model, version)
         if self.response_cache is not None:
             self.response_cache.report_now()  # this frontend's figures reach the broker first
         try:

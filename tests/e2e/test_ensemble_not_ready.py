@@ -150,14 +150,13 @@ def test_broken_ensemble_is_not_ready_and_says_why(tolerant_server: ShoalServer)
     assert httpx.get(f"{tolerant_server.base}/v2/health/ready").status_code != 200
 
 
-def test_http_inference_on_broken_ensemble_is_unavailable(tolerant_server: ShoalServer) -> None:
+def test_http_inference_on_broken_ensemble_is_not_found(tolerant_server: ShoalServer) -> None:
     first_step_before = _step_inferences(tolerant_server, "good_step")
     answer = httpx.post(f"{tolerant_server.base}/v2/models/broken_pipeline/infer",
                         json=_body([1.0, 2.0]), timeout=30)
-    assert answer.status_code == 503  # Triton: UNAVAILABLE -> 503 Service Unavailable
+    assert answer.status_code == 404  # Triton: a model with no ready version is NOT_FOUND
     error = answer.json()["error"]
-    assert "broken_pipeline" in error
-    assert "available" in error  # "... has no available versions"
+    assert error == "Request for unknown model: 'broken_pipeline' has no available versions"
     # the client library raises with the same message
     client = httpclient.InferenceServerClient(tolerant_server.url)
     inp = httpclient.InferInput("INPUT", [1, 2], "FP32")
@@ -178,7 +177,7 @@ def test_http_healthy_ensemble_still_serves(tolerant_server: ShoalServer) -> Non
     assert client.is_server_live()
 
 
-def test_grpc_broken_ensemble_is_unavailable(tolerant_server: ShoalServer) -> None:
+def test_grpc_broken_ensemble_is_not_found(tolerant_server: ShoalServer) -> None:
     client = grpcclient.InferenceServerClient(tolerant_server.grpc_url)
     assert client.is_server_live()
     assert not client.is_server_ready()
@@ -188,8 +187,9 @@ def test_grpc_broken_ensemble_is_unavailable(tolerant_server: ShoalServer) -> No
     inp.set_data_from_numpy(np.ones((1, 2), np.float32))
     with pytest.raises(InferenceServerException) as raised:
         client.infer("broken_pipeline", [inp], client_timeout=30)
-    assert raised.value.status() == str(grpc.StatusCode.UNAVAILABLE)
-    assert "broken_pipeline" in str(raised.value.message())
+    assert raised.value.status() == str(grpc.StatusCode.NOT_FOUND)  # Triton: no ready version
+    assert raised.value.message() == ("Request for unknown model: 'broken_pipeline' has no "
+                                      "available versions")
     assert _step_inferences(tolerant_server, "good_step") == first_step_before
     index = {m.name: m for m in client.get_model_repository_index().models}
     assert index["broken_pipeline"].state == "UNAVAILABLE"

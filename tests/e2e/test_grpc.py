@@ -233,7 +233,7 @@ def http_error(server: ShoalServer, model: str, body: dict[str, Any]) -> tuple[i
 
 
 BAD_REQUESTS = {  # name -> (model, [(input name, datatype, shape)], gRPC status, HTTP status)
-    "unknown model": ("nope", [("INPUT0", "FP32", [4])], "INVALID_ARGUMENT", 400),
+    "unknown model": ("nope", [("INPUT0", "FP32", [4])], "NOT_FOUND", 404),
     "missing input": ("add_sub", [("INPUT0", "FP32", [4])], "INVALID_ARGUMENT", 400),
     "unknown input": ("add_sub", [("INPUT0", "FP32", [4]), ("INPUT1", "FP32", [4]),
                                   ("EXTRA", "FP32", [4])], "INVALID_ARGUMENT", 400),

@@ -162,7 +162,7 @@ def test_gzip_request_and_response(server: ShoalServer) -> None:
 def test_errors_on_the_lean_path_name_the_problem(server: ShoalServer) -> None:
     url = f"http://127.0.0.1:{server.http_port}"
     response = httpx.post(f"{url}/v2/models/no_such_model/infer", content=_json_body([1]))
-    assert response.status_code == 400
+    assert response.status_code == 404  # Triton's NOT_FOUND
     assert "no_such_model" in response.json()["error"]
     response = httpx.post(f"{url}{INFER}", content=b"{\"inputs\": 3}")
     assert response.status_code == 400

@@ -22,6 +22,7 @@ from google.protobuf import json_format
 from tritonclient.grpc import service_pb2 as pb
 
 from shoal.errors import ShoalError, invalid_arg, unavailable
+from shoal.frontend import model_lookup
 from shoal.frontend.cuda_shm import CUDA_SHM_NO_DEVICE as CUDA_SHM_NO_DEVICE
 from shoal.frontend.cuda_shm import register_cuda_region
 from shoal.frontend.grpc.convert import parameter_value
@@ -117,10 +118,8 @@ class InferenceServicer:
 
     @guarded
     async def ModelStatistics(self, request: Any, context: Any) -> Any:
-        name, version = request.name, request.version or None
-        if name:
-            self.dataplane.model(name, version)  # unknown model / version -> its error
-        reply = await self.dataplane.stats(name, -1 if version is None else int(version))
+        version = model_lookup.stats_version(request.version)
+        reply = await self.dataplane.stats(request.name, version)
         if reply.error is not None:
             raise ShoalError(reply.error.code, reply.error.message)
         document = documents.model_statistics(reply.models, extensions=False)

@@ -25,6 +25,7 @@ from starlette.routing import BaseRoute
 from starlette.types import ASGIApp
 
 from shoal.errors import ShoalError, invalid_arg, unavailable, unsupported
+from shoal.frontend import model_lookup
 from shoal.frontend.http import documents
 from shoal.frontend.http.errors import (
     JSON_CONTENT_TYPE,
@@ -153,9 +154,8 @@ class HttpApi:
         return await self._stats("", -1)
 
     async def model_stats(self, request: Request) -> Response:
-        name, version = request.path_params["model"], _version(request)
-        self.dataplane.model(name, version)  # unknown model / version -> its error
-        return await self._stats(name, -1 if version is None else int(version))
+        name = request.path_params["model"]
+        return await self._stats(name, model_lookup.stats_version(_version(request)))
 
     async def _stats(self, name: str, version: int) -> Response:
         reply = await self.dataplane.stats(name, version)

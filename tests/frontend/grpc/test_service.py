@@ -113,7 +113,7 @@ def test_model_infer_errors_carry_tritons_status_and_the_http_text(
         dataplane: StreamingFakeDataPlane) -> None:
     async def test(stub: Any, channel: Any) -> None:
         error = await rpc_error(stub.ModelInfer(infer_request("nope", [1.0])))
-        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert error.code() == grpc.StatusCode.NOT_FOUND
         assert error.details() == "Request for unknown model: 'nope' is not found"
         error = await rpc_error(stub.ModelInfer(infer_request("decoupled", [1.0])))
         assert error.code() == grpc.StatusCode.UNIMPLEMENTED

@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from shoal.errors import ShoalError, invalid_arg, not_found, unavailable
+from shoal.errors import ShoalError
+from shoal.frontend import model_lookup
 from shoal.frontend.dataplane import InferOutcome
 from shoal.messages import (
     Duration,
@@ -45,6 +46,10 @@ def make_model(
     config = {"name": name, "max_batch_size": max_batch_size, "backend": "python"}
     return ModelVersionInfo(name, version, state, reason, "python", max_batch_size, inputs,
                             outputs, decoupled, orjson.dumps(config))
+
+
+def _ready(info: ModelVersionInfo) -> bool:
+    return info.state is ModelVersionState.READY
 
 
 def zero_stats(name: str, version: int) -> ModelStats:
@@ -88,28 +93,10 @@ class FakeDataPlane:
         return {m.version: m for m in self.models if m.name == name}
 
     def model(self, name: str, version: str | None) -> ModelVersionInfo:
-        versions = self._versions(name)
-        if not versions and name not in self.unloaded:
-            raise invalid_arg(f"Request for unknown model: '{name}' is not found")
-        if version is None:
-            ready = [v for v, m in versions.items() if m.state is ModelVersionState.READY]
-            if not ready:
-                raise unavailable(f"Request for unknown model: '{name}' has no available versions")
-            return versions[max(ready)]
-        info = versions.get(int(version))
-        if info is None:
-            raise not_found(f"Request for unknown model: '{name}' version {version} is not found")
-        if info.state is not ModelVersionState.READY:
-            raise unavailable(f"Request for unavailable model: '{name}' version {version} is "
-                              "not at ready state")
-        return info
+        return model_lookup.resolve(self._versions(name), name, version, _ready)
 
     def model_ready(self, name: str, version: str | None) -> bool:
-        versions = self._versions(name)
-        if version is None:
-            return any(m.state is ModelVersionState.READY for m in versions.values())
-        info = versions.get(int(version))
-        return info is not None and info.state is ModelVersionState.READY
+        return model_lookup.is_ready(self._versions(name), version, _ready)
 
     def ready_versions(self, name: str) -> list[int]:
         return sorted(v for v, m in self._versions(name).items()
@@ -156,6 +143,8 @@ class FakeDataPlane:
         self.released.append(lease)
 
     async def stats(self, model: str, version: int) -> StatsReply:
+        if model:
+            model_lookup.check_stats_target(self.ready_versions(model), model, version)
         if self.stats_error is not None:
             return StatsReply(0, [], self.stats_error)
         if self.stats_models is not None:

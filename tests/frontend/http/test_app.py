@@ -139,13 +139,18 @@ def test_model_metadata_lists_ready_versions(client: TestClient) -> None:
 
 
 @pytest.mark.parametrize("path,status,message", [
-    ("/v2/models/nope", 400, "Request for unknown model: 'nope' is not found"),
+    ("/v2/models/nope", 404, "Request for unknown model: 'nope' is not found"),
     ("/v2/models/multi/versions/7", 404, "Request for unknown model: 'multi' version 7 is "
                                          "not found"),
-    ("/v2/models/multi/versions/3", 503, "Request for unavailable model: 'multi' version 3 is "
+    ("/v2/models/multi/versions/3", 503, "Request for unknown model: 'multi' version 3 is "
                                          "not at ready state"),
-    ("/v2/models/nope/config", 400, "Request for unknown model: 'nope' is not found"),
-    ("/v2/models/nope/stats", 400, "Request for unknown model: 'nope' is not found"),
+    ("/v2/models/nope/config", 404, "Request for unknown model: 'nope' is not found"),
+    ("/v2/models/nope/stats", 400, "requested model 'nope' is not available"),
+    ("/v2/models/multi/versions/7/stats", 400, "requested model version is not available for "
+                                               "model 'multi'"),
+    ("/v2/models/multi/versions/99999999999999999999", 400,
+     "failed to get model version from specified version string '99999999999999999999' "
+     "(details: stol), version should be an integral value > 0"),
 ])
 def test_model_not_found_texts(client: TestClient, path: str, status: int,
                                message: str) -> None:

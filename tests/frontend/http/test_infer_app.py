@@ -214,7 +214,7 @@ def test_decoupled_model_is_refused_on_infer(client: TestClient) -> None:
 
 def test_unknown_model_on_infer(client: TestClient) -> None:
     response = post(client, "nope", _json_body())
-    assert response.status_code == 400
+    assert response.status_code == 404
     assert response.json() == {"error": "Request for unknown model: 'nope' is not found"}
 
 
