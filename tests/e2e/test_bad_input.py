@@ -35,7 +35,7 @@ def _binary_body(header: dict, payload: bytes) -> tuple[bytes, dict[str, str]]:
 
 CASES: list[tuple[str, str, object, dict[str, str] | None, int, str]] = [
     ("malformed json", ADD_SUB, b'{"inputs": [', None, 400, ""),
-    ("unknown model", "/v2/models/no_such_model/infer", _inputs(), None, 400, "no_such_model"),
+    ("unknown model", "/v2/models/no_such_model/infer", _inputs(), None, 404, "no_such_model"),
     ("unknown version", "/v2/models/add_sub/versions/9/infer", _inputs(), None, 404, "add_sub"),
     ("wrong dtype", ADD_SUB, _inputs(dtype0="INT32"), None, 400, "INPUT0"),
     ("shape/data mismatch", ADD_SUB, _inputs(data0=[1, 2, 3]), None, 400, "INPUT0"),
@@ -87,7 +87,8 @@ CASES: list[tuple[str, str, object, dict[str, str] | None, int, str]] = [
         400,
         "triton_",
     ),
-    ("bytes data for numeric", ADD_SUB, _inputs(data0=["a", "b", "c", "d"]), None, 400, "INPUT0"),
+    ("bytes data for numeric", ADD_SUB, _inputs(data0=["a", "b", "c", "d"]), None, 400,
+     "attempt to access JSON non-number as double"),  # Triton's text, which names no input
 ]
 
 

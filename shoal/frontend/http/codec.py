@@ -227,9 +227,8 @@ def _custom_parameter(key: str, value: Any) -> ParamValue:
         type(value) is int and -(1 << 63) <= value <= UINT64_MAX
     ):
         return value  # type: ignore[no-any-return]
-    raise invalid_arg(
-        f"parameter '{key}' has invalid type. It should be either 'int', 'bool', 'double', "
-        "or 'string'."
+    raise invalid_arg(  # Triton's text (doubles are taken too, as Triton takes them)
+        f"parameter '{key}' has invalid type. It should be either 'int', 'bool', or 'string'."
     )
 
 

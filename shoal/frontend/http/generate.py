@@ -1,19 +1,42 @@
 """Triton's generate extension: ``POST /v2/models/<m>[/versions/<v>]/generate`` and
 ``.../generate_stream`` (provisional in Triton; HTTP only).
 
-Request: one JSON object. A top-level key, or a key inside ``parameters``, that names a model
-input becomes that input (a scalar or a 1-D array, converted to the input's datatype like infer's
-JSON ``data``; strings for BYTES; a leading batch dimension of 1 when the model batches).
-``id`` (when no input has that name) is the request id; every other key is a request parameter,
-with infer's rules for the reserved ones (``sequence_id``, ``priority``, ``triton_*`` ...).
-The request is then validated like an infer request (same messages).
+Request: one JSON object, read member by member in order as Triton reads it (a key given twice is
+two members). A member that names a model input becomes that input; ``parameters`` (unless an
+input has that name, which Triton refuses) is an object whose members are read the same way, with
+errors prefixed ``Converting keyword: 'parameters': ``; ``id`` (a string) is the request id;
+every other member is a request parameter, with infer's rules for the reserved ones
+(``sequence_id``, ``priority``, ``triton_*`` ...). An input given twice is INVALID_ARG
+"input 'X' already exists in request".
 
-Response: ``{"id"?, "model_name", "model_version", <output name>: value, ...}``; a 1-element
-output is unwrapped to a scalar, BYTES become strings. ``/generate`` answers once
-(``application/json``): a decoupled model must send exactly one response. ``/generate_stream``
-answers with Server-Sent Events (``text/event-stream; charset=utf-8``), one ``data: {json}`` event
-per response; an error before the first event is an ordinary JSON error with its status, an error
-after it is an event ``data: {"error": "..."}`` (the status is already 200).
+An input's value is a scalar or an array; its shape is fitted to the model's metadata shape (the
+config's ``dims``, after a ``-1`` batch dimension when the model batches), Triton's rule: with
+``n`` the number of elements (an array's length, 1 for a scalar), going from the innermost
+dimension out each fixed dimension must divide ``n`` and takes its share; then the innermost
+``-1`` gets what is left and every other ``-1`` is 1; nothing left to place in a shape with no
+``-1`` must be 1. Otherwise INVALID_ARG "The schema can not convert input 'X' to tensor with
+proper shape". So ``"hi"`` fits ``[1, 1]`` and ``[4]`` values fit ``[2, 2]``. Values of the wrong
+JSON type get Triton's texts (``attempt to access JSON non-string as string`` ...; checked
+before the shape for BYTES, after it for the rest, as Triton does). The request is then
+validated like an infer request (same messages).
+
+Response: ``{<name>: value, ...}`` over the outputs, the response's parameters, ``id`` (when
+set), ``model_name`` and ``model_version``, in the byte order of the names as Triton writes
+them (a reserved name wins over an output of that name); a 1-element output is unwrapped to a
+scalar, BYTES become strings. ``/generate`` answers once (``application/json``); anything but
+exactly one response (errors count) is "generate expects model to produce exactly 1
+response ...". ``/generate_stream`` answers with Server-Sent Events (``text/event-stream;
+charset=utf-8``), one ``data: {json}`` event per response, an error response as
+``data: {"error": "..."}``, and goes on until the model's final response.
+
+Status (Triton's): an error found before the request leaves (unknown model, bad input, arena
+full) is a JSON error with its code's status. The status of an answer is decided by the first
+response: 200 for a response, 400 for an error response of the model (whatever its code, as
+Triton's generate endpoint answers them; for generate_stream still as an event stream), except
+that a refusal of the server (UNAVAILABLE: queue full, model unloading, exiting; NOT_FOUND) keeps
+its status as a JSON error, as Triton refuses those before it answers. One deliberate
+difference: a /generate whose first response is fine but that gets more or none answers 501
+(Triton sends its error text with 200).
 
 Ownership: output memory of each answer is released as soon as it is converted; leaving the
 stream early (client gone) closes the DataPlane's iterator, which cancels the request.
@@ -23,7 +46,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
@@ -32,15 +56,16 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from shoal import dtypes
-from shoal.errors import ShoalError, invalid_arg, unsupported
+from shoal.errors import ErrorCode, ShoalError, invalid_arg
 from shoal.frontend.http.codec import DecodedInput, DecodedRequest, decode_request_parameters
+from shoal.frontend.http.errors import error_response, shoal_error_response, status_for
 from shoal.frontend.http.infer import read_body
-from shoal.frontend.http.json_tensors import json_tensor_bytes
+from shoal.frontend.http.json_tensors import json_tensor_bytes, json_type_error
 from shoal.frontend.http.jsonparse import parse_json_object
 from shoal.frontend.http.response import json_data
 from shoal.frontend.http.validation import validate_request
 from shoal.frontend.infer_common import closing, prepare_request
-from shoal.messages import InferRequest, ModelVersionInfo, TensorRef, TensorSpec
+from shoal.messages import InferRequest, InferResponse, ModelVersionInfo, TensorRef, TensorSpec
 
 if TYPE_CHECKING:
     from shoal.frontend.dataplane import DataPlane, InferOutcome
@@ -48,44 +73,156 @@ if TYPE_CHECKING:
 
 SSE_CONTENT_TYPE: Final = "text/event-stream; charset=utf-8"
 JSON_CONTENT_TYPE: Final = "application/json"
+NESTED_KEY: Final = "parameters"
+ONE_RESPONSE_ERROR: Final = ("generate expects model to produce exactly 1 response, use generate "
+                             "stream for model that generates various number of responses")
+# refusals of the server rather than answers of the model: they keep their status (module doc)
+_REFUSALS: Final = frozenset({ErrorCode.UNAVAILABLE, ErrorCode.NOT_FOUND})
+_ANSWER_ERROR_STATUS: Final = 400
+_INT64_MIN: Final = -(1 << 63)
+_INT64_MAX: Final = (1 << 63) - 1
+_UINT64_MAX: Final = (1 << 64) - 1
 
 
-def decode_generate_request(document: dict[str, Any], model: ModelVersionInfo) -> DecodedRequest:
-    """The generate JSON object -> DecodedRequest (raises INVALID_ARG)."""
+class JsonMembers(list[tuple[str, Any]]):
+    """A JSON object as its members in order, duplicates kept (``json``'s
+    ``object_pairs_hook``)."""
+
+
+def parse_generate_body(body: bytes | memoryview) -> JsonMembers:
+    """The request body's members. ``parse_json_object`` first (its limits and error texts),
+    then again keeping every member: orjson keeps only the last of a duplicated key."""
+    parse_json_object(body, "generate request")
+    members = json.loads(bytes(body), object_pairs_hook=JsonMembers)
+    assert isinstance(members, JsonMembers)  # parse_json_object saw an object
+    return members
+
+
+def decode_generate_request(document: Mapping[str, Any] | JsonMembers,
+                            model: ModelVersionInfo) -> DecodedRequest:
+    """The generate JSON object -> DecodedRequest (raises INVALID_ARG; module doc)."""
     specs = {spec.name: spec for spec in model.inputs}
     batching = model.max_batch_size > 0
+    members = _members(document)
     request = DecodedRequest(inputs=[])
-    parameters: dict[str, Any] = {}
-    nested = document.get("parameters") if "parameters" not in specs else None
-    if nested is not None and not isinstance(nested, dict):
-        raise invalid_arg("Unable to parse 'parameters': expected a JSON object")
-    for key, value in document.items():
-        if key in specs:
-            request.inputs.append(_input_tensor(specs[key], value, batching))
-        elif key == "id":
+    for key, value in members:  # Triton reads the (first) request id before anything else
+        if key == "id" and key not in specs:
             if not isinstance(value, str):
-                raise invalid_arg("Unable to parse 'id': expected a string")
+                raise invalid_arg("Unable to parse 'id': attempt to access JSON non-string as "
+                                  "string")
             request.client_id = value
-        elif key != "parameters":
-            parameters[key] = value
-    for key, value in (nested or {}).items():
-        if key in specs:
-            request.inputs.append(_input_tensor(specs[key], value, batching))
-        else:
+            break
+    parameters: dict[str, Any] = {}
+    nested: dict[str, Any] = {}
+    for key, value in members:
+        if key == NESTED_KEY:
+            if key in specs:
+                raise invalid_arg(f"Keyword '{key}' for nested schema also given as input "
+                                  "tensor name")
+            if not isinstance(value, JsonMembers | dict):
+                raise invalid_arg(f"Expected JSON object for keyword: '{key}': attempt to "
+                                  "access JSON non-object as object")
+            try:
+                for inner_key, inner_value in _members(value):
+                    if inner_key in specs:
+                        _add_input(request, specs[inner_key], inner_value, batching)
+                    else:
+                        nested[inner_key] = inner_value
+            except ShoalError as error:
+                raise _converting(key, error) from None
+        elif key in specs:
+            _add_input(request, specs[key], value, batching)
+        elif key != "id":
             parameters[key] = value
     decode_request_parameters(parameters, request)
+    try:
+        decode_request_parameters(nested, request)
+    except ShoalError as error:
+        raise _converting(NESTED_KEY, error) from None
     return request
 
 
+def _members(document: Mapping[str, Any] | JsonMembers) -> Iterable[tuple[str, Any]]:
+    return document if isinstance(document, JsonMembers) else document.items()
+
+
+def _converting(key: str, error: ShoalError) -> ShoalError:
+    return ShoalError(error.code, f"Converting keyword: '{key}': {error.message}")
+
+
+def _add_input(request: DecodedRequest, spec: TensorSpec, value: Any, batching: bool) -> None:
+    tensor = _input_tensor(spec, value, batching)
+    if any(existing.name == spec.name for existing in request.inputs):
+        raise invalid_arg(f"input '{spec.name}' already exists in request")
+    request.inputs.append(tensor)
+
+
 def _input_tensor(spec: TensorSpec, value: Any, batching: bool) -> DecodedInput:
-    items = value if isinstance(value, list) else [value]
-    if any(isinstance(item, list | dict) for item in items) or isinstance(value, dict):
-        raise invalid_arg(
-            f"Unable to parse input '{spec.name}': expected a scalar or a 1-D array"
-        )
-    shape = [1, len(items)] if batching else [len(items)]
-    data = json_tensor_bytes(items, spec.datatype, len(items), spec.name)
-    return DecodedInput(spec.name, spec.datatype, shape, data, len(items))
+    is_array = isinstance(value, list) and not isinstance(value, JsonMembers)
+    leaves = _leaves(value) if is_array else [value]
+    if spec.datatype == "BYTES":
+        _check_leaf_types(leaves, spec.datatype)  # Triton sizes BYTES data before the shape
+    shape = fit_shape(spec, len(value) if is_array else 1, batching)
+    _check_leaf_types(leaves, spec.datatype)
+    count = dtypes.element_count(shape)
+    data = json_tensor_bytes(leaves, spec.datatype, count, spec.name)
+    return DecodedInput(spec.name, spec.datatype, shape, data, count)
+
+
+def fit_shape(spec: TensorSpec, count: int, batching: bool) -> list[int]:
+    """Triton's generate rule (module doc): the shape ``count`` elements take in the input's
+    metadata shape; INVALID_ARG when they cannot."""
+    shape = ([-1] if batching else []) + list(spec.dims)
+    left = count
+    for dim in reversed(shape):
+        if dim != -1:
+            if dim == 0 or left % dim:
+                raise _unfit(spec.name)
+            left //= dim
+    for index in range(len(shape) - 1, -1, -1):
+        if shape[index] == -1:
+            shape[index], left = left, 1
+    if left != 1:
+        raise _unfit(spec.name)
+    return shape
+
+
+def _unfit(name: str) -> ShoalError:
+    return invalid_arg(f"The schema can not convert input '{name}' to tensor with proper shape")
+
+
+def _leaves(value: list[Any]) -> list[Any]:
+    """An array's elements, nested arrays flattened (row-major); an object is one element."""
+    flat: list[Any] = []
+    stack = [iter(value)]
+    while stack:
+        for item in stack[-1]:
+            if isinstance(item, list) and not isinstance(item, JsonMembers):
+                stack.append(iter(item))
+                break
+            flat.append(item)
+        else:
+            stack.pop()
+    return flat
+
+
+def _check_leaf_types(leaves: list[Any], datatype: str) -> None:
+    """Triton's JSON type errors for values a datatype cannot take (ranges are checked when
+    the bytes are made)."""
+    if datatype == "BYTES":
+        ok = all(isinstance(v, str) for v in leaves)
+    elif datatype == "BOOL":
+        ok = all(isinstance(v, bool) for v in leaves)
+    elif datatype in ("FP16", "BF16"):
+        return  # refused as JSON whatever the values (json_tensor_bytes)
+    elif (kind := dtypes.numpy_dtype(datatype).kind) == "i":
+        ok = all(type(v) is int and _INT64_MIN <= v <= _INT64_MAX for v in leaves)
+    elif kind == "u":
+        ok = all(type(v) is int and 0 <= v <= _UINT64_MAX for v in leaves)
+    else:
+        ok = all(type(v) in (int, float) for v in leaves)
+    if not ok:
+        raise json_type_error(datatype)
 
 
 def output_value(ref: TensorRef, view: memoryview) -> Any:
@@ -101,6 +238,20 @@ def output_value(ref: TensorRef, view: memoryview) -> Any:
     return element
 
 
+@dataclass(frozen=True, slots=True)
+class _Event:
+    """One response of the model as generate writes it: a document, or an error response
+    (``error`` set, ``document`` its ``{"error"}``)."""
+
+    document: dict[str, Any]
+    error: ShoalError | None = None
+
+    @property
+    def refused(self) -> bool:
+        """A refusal of the server (module doc): answered as a plain JSON error."""
+        return self.error is not None and self.error.code in _REFUSALS
+
+
 class GenerateHandler:
     """Serves ``generate`` (``streaming`` False) or ``generate_stream`` for one DataPlane."""
 
@@ -114,15 +265,22 @@ class GenerateHandler:
         model = self._dataplane.model(request.path_params["model"],
                                       None if version is None else str(version))
         body = await read_body(request, self._limit)
-        decoded = decode_generate_request(parse_json_object(body, "generate request"), model)
+        decoded = decode_generate_request(parse_generate_body(body), model)
         plan = validate_request(decoded, model)
         prepared = prepare_request(self._dataplane, decoded, plan, model)
-        answers = self._answers(model, prepared.request, prepared.slots)
-        documents = self._documents(answers, decoded.client_id)
+        events = self._events(self._answers(model, prepared.request, prepared.slots),
+                              decoded.client_id)
         if not self._streaming:
-            return await self._single(documents, model.name)
-        first = await _first(documents)  # errors before the first event keep their status
-        return StreamingResponse(_events(first, documents), media_type=SSE_CONTENT_TYPE)
+            return await _single(events)
+        first = await _first(events)
+        if first is None:
+            return StreamingResponse(_no_events(), media_type=SSE_CONTENT_TYPE)
+        if first.refused:
+            await events.aclose()
+            assert first.error is not None
+            return shoal_error_response(first.error)
+        status = 200 if first.error is None else _ANSWER_ERROR_STATUS
+        return StreamingResponse(_sse(first, events), status, media_type=SSE_CONTENT_TYPE)
 
     async def _answers(self, model: ModelVersionInfo, infer_request: InferRequest,
                        slots: list[Slot]) -> AsyncIterator[InferOutcome]:
@@ -135,69 +293,85 @@ class GenerateHandler:
             async for outcome in answers:
                 yield outcome
 
-    async def _documents(self, answers: AsyncIterator[InferOutcome], client_id: str
-                         ) -> AsyncIterator[dict[str, Any]]:
-        """One JSON document per answer that carries a response (errors raise ShoalError)."""
+    async def _events(self, answers: AsyncIterator[InferOutcome], client_id: str
+                      ) -> AsyncGenerator[_Event, None]:
+        """One event per answer that carries a response, until the final one. An error the
+        DataPlane raises (a refusal, or a plain model's error answer) ends them as an event."""
         async with closing(answers):
-            async for outcome in answers:
-                response = outcome.response
-                try:
-                    if response.error is not None:
-                        raise ShoalError(response.error.code, response.error.message)
-                    if response.empty:
-                        continue
-                    document: dict[str, Any] = {}
-                    if client_id:
-                        document["id"] = client_id
-                    document["model_name"] = outcome.model.name
-                    document["model_version"] = str(response.model_version
-                                                    or outcome.model.version)
-                    for ref in response.outputs:
-                        document[ref.name] = output_value(ref, self._dataplane.output_view(ref))
-                finally:
-                    self._dataplane.release(response.lease)
-                yield document
+            try:
+                async for outcome in answers:
+                    response = outcome.response
+                    try:
+                        if response.error is not None:
+                            error = ShoalError(response.error.code, response.error.message)
+                            event = _Event({"error": error.message}, error)
+                        elif response.empty:
+                            continue
+                        else:
+                            event = _Event(self._document(outcome, response, client_id))
+                    finally:
+                        self._dataplane.release(response.lease)
+                    yield event
+            except ShoalError as error:
+                yield _Event({"error": error.message}, error)
 
-    @staticmethod
-    async def _single(documents: AsyncIterator[dict[str, Any]], model_name: str) -> Response:
-        found: list[dict[str, Any]] = []
-        async with closing(documents):
-            async for document in documents:
-                found.append(document)
-                if len(found) > 1:
-                    break
-        if len(found) != 1:
-            raise unsupported(
-                f"generate expects exactly one response from model '{model_name}', got "
-                f"{'none' if not found else 'more than one'}; use generate_stream"
-            )
-        return Response(orjson.dumps(found[0], option=orjson.OPT_SERIALIZE_NUMPY), 200,
+    def _document(self, outcome: InferOutcome, response: InferResponse,
+                  client_id: str) -> dict[str, Any]:
+        """Triton's generate answer: names in byte order, the reserved ones first in a clash."""
+        fields: dict[str, Any] = {}
+        if client_id:
+            fields["id"] = client_id
+        fields["model_name"] = outcome.model.name
+        fields["model_version"] = str(response.model_version or outcome.model.version)
+        for key, value in response.parameters.items():
+            fields.setdefault(key, value)
+        for ref in response.outputs:
+            if ref.name not in fields:
+                fields[ref.name] = output_value(ref, self._dataplane.output_view(ref))
+        return {key: fields[key] for key in sorted(fields)}
+
+
+async def _single(events: AsyncIterator[_Event]) -> Response:
+    """``/generate``: exactly one response, else Triton's error text (module doc)."""
+    found: list[_Event] = []
+    async with closing(events):
+        async for event in events:
+            found.append(event)
+            if len(found) > 1:
+                break  # no need to wait for the rest: closing cancels the request
+    if len(found) == 1 and found[0].error is None:
+        return Response(orjson.dumps(found[0].document, option=orjson.OPT_SERIALIZE_NUMPY), 200,
                         media_type=JSON_CONTENT_TYPE)
+    first = found[0] if found else None
+    if first is not None and first.error is not None:
+        if first.refused:
+            return shoal_error_response(first.error)
+        message = first.error.message if len(found) == 1 else ONE_RESPONSE_ERROR
+        return error_response(_ANSWER_ERROR_STATUS, message)
+    return error_response(status_for(ErrorCode.UNSUPPORTED), ONE_RESPONSE_ERROR)
 
 
-async def _first(documents: AsyncIterator[dict[str, Any]]) -> dict[str, Any] | None:
-    """The first document, None when the model sent no response. (An async generator that
-    raised is already closed.)"""
+async def _first(events: AsyncIterator[_Event]) -> _Event | None:
+    """The first event, None when the model sent no response (the iterator is then done)."""
     try:
-        return await anext(documents)
+        return await anext(events)
     except StopAsyncIteration:
         return None
 
 
-def _event(document: dict[str, Any]) -> bytes:
+def _event_bytes(document: dict[str, Any]) -> bytes:
     return b"data: " + orjson.dumps(document, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n\n"
 
 
-async def _events(first: dict[str, Any] | None, documents: AsyncIterator[dict[str, Any]]
-                  ) -> AsyncIterator[bytes]:
-    """SSE bytes; an error after the first event becomes an ``{"error"}`` event and ends the
-    stream. Leaving early (client gone) closes ``documents`` and so cancels the request."""
-    if first is None:
-        return
-    async with closing(documents):
-        yield _event(first)
-        try:
-            async for document in documents:
-                yield _event(document)
-        except ShoalError as error:
-            yield _event({"error": error.message})
+async def _no_events() -> AsyncIterator[bytes]:
+    return
+    yield b""  # an async generator that yields nothing
+
+
+async def _sse(first: _Event, events: AsyncIterator[_Event]) -> AsyncIterator[bytes]:
+    """SSE bytes of every event, error responses included, until the final response. Leaving
+    early (client gone) closes ``events`` and so cancels the request."""
+    async with closing(events):
+        yield _event_bytes(first.document)
+        async for event in events:
+            yield _event_bytes(event.document)

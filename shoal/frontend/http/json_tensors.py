@@ -2,8 +2,11 @@
 
 ``data`` may be flat or nested (row-major; ragged nesting is flattened as Triton counts leaves);
 the element count must match the shape. Values must fit the datatype: integers in range for
-integer types (no silent wrap-around), numbers for floats, true/false for BOOL, strings for BYTES
-(UTF-8, 4-byte-length framing). FP16 / BF16 cannot come as JSON (Triton's rule).
+integer types (no silent wrap-around), numbers for floats (not true/false), true/false for BOOL,
+strings for BYTES (UTF-8, 4-byte-length framing). FP16 / BF16 cannot come as JSON (Triton's
+rule). A value of the wrong JSON type gets Triton's text (``json_type_error``; Triton answers
+them 500, shoal 400: the client's mistake); an integer out of the datatype's range, which Triton
+silently wraps, is refused with the input's name and the range.
 """
 
 from __future__ import annotations
@@ -14,9 +17,26 @@ from typing import Any
 import numpy as np
 
 from shoal import dtypes
-from shoal.errors import invalid_arg
+from shoal.errors import ShoalError, invalid_arg
 
 _LENGTH = struct.Struct("<I")
+
+
+def json_type_error(datatype: str) -> ShoalError:
+    """Triton's error for JSON data of the wrong type for ``datatype`` (its TritonJson texts,
+    which clients match on)."""
+    if datatype == "BYTES":
+        return invalid_arg("Unable to parse JSON bytes array: attempt to access JSON non-string "
+                           "as string")
+    if datatype == "BOOL":
+        wanted = "non-boolean as boolean"
+    elif dtypes.numpy_dtype(datatype).kind == "i":
+        wanted = "non-signed-integer as signed-integer"
+    elif dtypes.numpy_dtype(datatype).kind == "u":
+        wanted = "non-unsigned-integer as unsigned-integer"
+    else:
+        wanted = "non-number as double"
+    return invalid_arg(f"Unable to parse 'data': attempt to access JSON {wanted}")
 
 
 def json_tensor_bytes(data: Any, datatype: str, count: int, name: str) -> memoryview:
@@ -28,7 +48,7 @@ def json_tensor_bytes(data: Any, datatype: str, count: int, name: str) -> memory
             f"format for input '{name}'"
         )
     if not isinstance(data, list):
-        raise invalid_arg(f"Unable to parse 'data' for input '{name}': expected a JSON array")
+        raise invalid_arg("Unable to parse 'data': attempt to access JSON non-array as array")
     if datatype == "BYTES":
         return memoryview(_json_bytes(data, count, name))
     array = _json_numeric(data, datatype, count, name)
@@ -65,7 +85,7 @@ def _json_numeric(data: list[Any], datatype: str, count: int, name: str) -> np.n
         if exact is not None:
             array = exact
     if array.size:
-        _check_json_values(array, datatype, target, name)
+        _check_json_values(data, array, datatype, target, name)
     return np.ascontiguousarray(array.reshape(-1), dtype=target)
 
 
@@ -82,24 +102,36 @@ def _exact_integers(data: list[Any], target: np.dtype[Any]) -> np.ndarray[Any, A
 
 
 def _check_json_values(
-    array: np.ndarray[Any, Any], datatype: str, target: np.dtype[Any], name: str
+    data: list[Any], array: np.ndarray[Any, Any], datatype: str, target: np.dtype[Any],
+    name: str
 ) -> None:
     kind = array.dtype.kind
     if datatype == "BOOL":
-        accepted, expected = kind == "b", "true/false"
+        accepted = kind == "b"
     elif target.kind in "iu":
-        accepted, expected = kind in "iu", "integer"
+        accepted = kind in "iu"
     else:
-        accepted, expected = kind in "iuf", "number"
-    if accepted and target.kind in "iu":
-        info = np.iinfo(target)
-        accepted = int(array.min()) >= info.min and int(array.max()) <= info.max
-        expected = f"integer in [{info.min}, {info.max}]"
+        accepted = kind in "iuf"
+    if accepted and datatype != "BOOL" and _holds_a_bool(data):
+        accepted = False  # numpy took true/false as 1/0 among numbers
     if not accepted:
-        raise invalid_arg(
-            f"Unable to parse 'data' for input '{name}': expected {expected} values for "
-            f"datatype {datatype}"
-        )
+        raise json_type_error(datatype)
+    if target.kind in "iu":
+        info = np.iinfo(target)
+        if int(array.min()) < info.min or int(array.max()) > info.max:
+            raise invalid_arg(
+                f"Unable to parse 'data' for input '{name}': expected integer in "
+                f"[{info.min}, {info.max}] values for datatype {datatype}"
+            )
+
+
+def _holds_a_bool(data: list[Any]) -> bool:
+    """Any true/false among ``data``'s elements, nested or not (C-speed scans of their
+    types)."""
+    types = set(map(type, data))
+    if list in types:
+        types = set(map(type, _flatten(data)))
+    return bool in types
 
 
 def _json_bytes(data: list[Any], count: int, name: str) -> bytes:
@@ -113,9 +145,7 @@ def _json_bytes(data: list[Any], count: int, name: str) -> bytes:
     pack = _LENGTH.pack
     for element in flat:
         if not isinstance(element, str):
-            raise invalid_arg(
-                f"Unable to parse 'data' for input '{name}': BYTES elements must be JSON strings"
-            )
+            raise json_type_error("BYTES")
         encoded = element.encode("utf-8", "surrogatepass")
         parts.append(pack(len(encoded)))
         parts.append(encoded)

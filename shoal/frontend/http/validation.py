@@ -138,7 +138,9 @@ def _plan_outputs(request: DecodedRequest, model: ModelVersionInfo,
     seen: set[str] = set()
     for wanted in request.outputs:
         if wanted.name in seen:
-            raise invalid_arg(f"Duplicate output name '{wanted.name}' is not allowed in a request")
+            # Triton 2.51 took the first and ignored the rest; Triton since core #493 (2026)
+            # refuses with this text, as shoal always did
+            raise invalid_arg(f"output '{wanted.name}' already exists in request")
         seen.add(wanted.name)
         spec = specs.get(wanted.name)
         if spec is None:
@@ -181,7 +183,7 @@ def check_input_names(inputs: Sequence[DecodedInput], model: ModelVersionInfo) -
     seen: set[str] = set()
     for name in names:
         if name in seen:
-            raise invalid_arg(f"input '{name}' is given more than once for model '{model.name}'")
+            raise invalid_arg(f"input '{name}' already exists in request")  # Triton's text
         seen.add(name)
     known = {spec.name for spec in model.inputs}
     for name in names:

@@ -16,7 +16,13 @@ from shoal import dtypes
 from shoal.errors import ShoalError
 from shoal.frontend.http.app import create_app
 from shoal.frontend.http.codec import SEQUENCE_START
-from shoal.frontend.http.generate import decode_generate_request, output_value
+from shoal.frontend.http.generate import (
+    ONE_RESPONSE_ERROR,
+    decode_generate_request,
+    fit_shape,
+    output_value,
+    parse_generate_body,
+)
 from shoal.messages import TensorRef, TensorSpec
 from shoal.settings import Settings
 from tests.frontend.grpc.fakes import StreamingFakeDataPlane
@@ -47,18 +53,89 @@ def test_a_batching_model_gets_a_batch_dimension_of_one() -> None:
     assert tensor.shape == [1, 2]
 
 
+MATRIX = make_model("matrix", [TensorSpec("M", "FP32", [2, 2]), TensorSpec("P", "BYTES", [1, 1])])
+BATCHED_PROMPT = make_model("bp", [TensorSpec("P", "BYTES", [1, 1])], max_batch_size=8)
+
+
+@pytest.mark.parametrize("model,value,shape", [
+    (MATRIX, "hi", [1, 1]), (MATRIX, ["hi"], [1, 1]), (MATRIX, [["hi"]], [1, 1]),
+    (BATCHED_PROMPT, "hi", [1, 1, 1]), (BATCHED_PROMPT, ["a", "b"], [2, 1, 1]),
+    (BATCHED_PROMPT, [], [0, 1, 1]), (TEXT, "hi", [1]),
+])
+def test_values_are_fitted_to_the_configured_dims(model: Any, value: Any,
+                                                  shape: list[int]) -> None:
+    (tensor,) = decode_generate_request({"P" if model is not TEXT else "PROMPT": value},
+                                        model).inputs
+    assert tensor.shape == shape
+
+
+def test_a_flat_list_fills_fixed_dims() -> None:
+    (tensor,) = decode_generate_request({"M": [1, 2, 3, 4]}, MATRIX).inputs
+    assert tensor.shape == [2, 2]
+    assert np.frombuffer(tensor.data, np.float32).tolist() == [1.0, 2.0, 3.0, 4.0]
+
+
+@pytest.mark.parametrize("value", [[1, 2], [1] * 8, 1, [[1, 2], [3, 4]]])
+def test_values_that_do_not_fit_the_dims_are_tritons_invalid_arg(value: Any) -> None:
+    with pytest.raises(ShoalError) as caught:
+        decode_generate_request({"M": value}, MATRIX)
+    assert caught.value.message == ("The schema can not convert input 'M' to tensor with "
+                                    "proper shape")
+
+
+def test_the_fitting_rule() -> None:
+    def fit(dims: list[int], count: int, batching: bool = False) -> list[int]:
+        return fit_shape(TensorSpec("X", "FP32", dims), count, batching)
+
+    assert fit([-1], 3) == [3]
+    assert fit([2, -1], 6) == [2, 3]
+    assert fit([-1, -1], 5) == [1, 5]
+    assert fit([-1, 3], 6, batching=True) == [1, 2, 3]
+    with pytest.raises(ShoalError):
+        fit([0], 1)
+    with pytest.raises(ShoalError):
+        fit([3], 2)
+
+
 @pytest.mark.parametrize("document,text", [
-    ({"N": [[1], [2]]}, "Unable to parse input 'N': expected a scalar or a 1-D array"),
-    ({"N": {"a": 1}}, "Unable to parse input 'N': expected a scalar or a 1-D array"),
-    ({"N": ["x"]}, "Unable to parse 'data' for input 'N'"),
-    ({"id": 5}, "Unable to parse 'id': expected a string"),
-    ({"parameters": [1]}, "Unable to parse 'parameters': expected a JSON object"),
+    ({"PROMPT": 5}, "Unable to parse JSON bytes array: attempt to access JSON non-string as "
+                    "string"),
+    ({"PROMPT": {"a": "b"}}, "Unable to parse JSON bytes array: attempt to access JSON "
+                             "non-string as string"),
+    ({"N": ["x"]}, "Unable to parse 'data': attempt to access JSON non-signed-integer as "
+                   "signed-integer"),
+    ({"N": True}, "Unable to parse 'data': attempt to access JSON non-signed-integer as "
+                  "signed-integer"),
+    ({"id": 5}, "Unable to parse 'id': attempt to access JSON non-string as string"),
+    ({"parameters": [1]}, "Expected JSON object for keyword: 'parameters': attempt to access "
+                          "JSON non-object as object"),
     ({"triton_x": 1}, "parameter keys starting with 'triton_' are reserved"),
     ({"nested": {"a": 1}}, "parameter 'nested' has invalid type"),
+    ({"parameters": {"nested": {"a": 1}}}, "Converting keyword: 'parameters': parameter "
+                                           "'nested' has invalid type"),
+    ({"PROMPT": "a", "parameters": {"PROMPT": "b"}}, "Converting keyword: 'parameters': input "
+                                                     "'PROMPT' already exists in request"),
 ])
 def test_bad_generate_requests_are_refused(document: dict[str, Any], text: str) -> None:
-    with pytest.raises(ShoalError, match=text.replace("(", r"\(").replace("[", r"\[")):
+    with pytest.raises(ShoalError) as caught:
         decode_generate_request(document, TEXT)
+    assert caught.value.message.startswith(text)
+
+
+@pytest.mark.parametrize("body,name", [
+    (b'{"PROMPT": "a", "N": 1, "PROMPT": "b"}', "PROMPT"),
+    (b'{"PROMPT": "a", "N": 1, "N": 2, "PROMPT": "b"}', "N"),
+])
+def test_an_input_given_twice_is_refused_in_member_order(body: bytes, name: str) -> None:
+    with pytest.raises(ShoalError) as caught:
+        decode_generate_request(parse_generate_body(body), TEXT)
+    assert caught.value.message == f"input '{name}' already exists in request"
+
+
+def test_a_parameter_given_twice_is_fine() -> None:
+    decoded = decode_generate_request(
+        parse_generate_body(b'{"PROMPT": "a", "k": 1, "k": 2, "parameters": {"k": 3}}'), TEXT)
+    assert decoded.parameters == {"k": 3}
 
 
 def ref(datatype: str, shape: list[int]) -> TensorRef:
@@ -104,8 +181,8 @@ def test_generate_answers_one_json_object(client: TestClient,
                                           dataplane: StreamingFakeDataPlane) -> None:
     r = client.post("/v2/models/identity/generate", json={"INPUT0": [1.5, 2.0], "id": "g"})
     assert r.status_code == 200 and r.headers["content-type"] == "application/json"
-    assert r.json() == {"id": "g", "model_name": "identity", "model_version": "1",
-                        "OUTPUT0": [1.5, 2.0]}
+    assert r.content == (b'{"OUTPUT0":[1.5,2.0],"id":"g","model_name":"identity",'
+                         b'"model_version":"1"}')  # Triton's order: names sorted
     r = client.post("/v2/models/identity/versions/1/generate", json={"INPUT0": 4.0})
     assert r.json()["OUTPUT0"] == 4.0
     assert dataplane.live_slots == {}
@@ -115,11 +192,14 @@ def test_generate_answers_one_json_object(client: TestClient,
 def test_generate_needs_exactly_one_response_of_a_decoupled_model(client: TestClient) -> None:
     r = client.post("/v2/models/decoupled/generate", json={"INPUT0": [3.0]})
     assert r.status_code == 200 and r.json()["OUTPUT0"] == 3.0
-    for values, got in (([1.0, 2.0], "more than one"), ([], "none")):
+    # Triton: the status is the first response's (an error response of the model: 400); the
+    # body is that one response, else its "exactly 1 response" text (shoal: 501, not 200)
+    for values, status, expected in (([1.0, 2.0], 501, ONE_RESPONSE_ERROR),
+                                     ([], 501, ONE_RESPONSE_ERROR),
+                                     ([1.0, -1.0], 501, ONE_RESPONSE_ERROR),
+                                     ([-1.0], 400, "negative value")):
         r = client.post("/v2/models/decoupled/generate", json={"INPUT0": values})
-        assert r.status_code == 501
-        assert r.json()["error"] == (f"generate expects exactly one response from model "
-                                     f"'decoupled', got {got}; use generate_stream")
+        assert (r.status_code, r.json()["error"]) == (status, expected), values
 
 
 def test_generate_stream_sends_one_event_per_response(client: TestClient,
@@ -129,8 +209,8 @@ def test_generate_stream_sends_one_event_per_response(client: TestClient,
     assert r.headers["content-type"] == "text/event-stream; charset=utf-8"
     assert [e["OUTPUT0"] for e in events(r.content)] == [1.0, 2.0, 3.0]
     r = client.post("/v2/models/identity/generate_stream", json={"INPUT0": [5.0]})
-    assert events(r.content) == [{"model_name": "identity", "model_version": "1",
-                                  "OUTPUT0": 5.0}]
+    assert events(r.content) == [{"OUTPUT0": 5.0, "model_name": "identity",
+                                  "model_version": "1"}]
     assert dataplane.live_slots == {} and dataplane.abandoned == []
 
 
@@ -141,7 +221,8 @@ def test_generate_stream_errors_before_and_after_the_first_event(client: TestCli
         {"model_name": "decoupled", "model_version": "1", "OUTPUT0": 1.0},
         {"error": "negative value"}]
     r = client.post("/v2/models/decoupled/generate_stream", json={"INPUT0": [-1.0]})
-    assert r.status_code == 500 and r.json() == {"error": "negative value"}
+    assert r.status_code == 400  # Triton's status for a model's error as the first response
+    assert events(r.content) == [{"error": "negative value"}]
     r = client.post("/v2/models/identity/generate_stream", json={"NOPE": 1})
     assert r.status_code == 400
     assert r.json()["error"].startswith("expected 1 inputs but got 0 inputs")
