@@ -17,6 +17,11 @@ the rest lives here:
 - **Body size** (``--http-max-input-size``): a Content-Length over the limit is answered 413
   before any body is read; a chunked body is answered 413 once it passes the limit. The app's
   own checks (``infer.read_body``, the fast path) stay as a backstop and are never reached.
+- **Chunked with Content-Length**: served as Triton serves it, framed by the chunked coding
+  alone (the Content-Length is ignored, never used to frame or size anything), and the
+  connection is closed after the answer (RFC 9112 §6.1, against request smuggling). Such a
+  request whose codings do not end with ``chunked`` is refused 400 (the parser would read it
+  to the connection's end).
 - **Connection cap** (``--http-max-connections``, per process and port): connections past it
   are over-cap. Each gets one request: a health check (``/v2/health/live``, ``/ready``) is
   served, anything else gets 503, then the connection closes. At most ``over_cap`` of them are
@@ -50,7 +55,7 @@ from uvicorn.server import ServerState
 
 from shoal.frontend.http.compression import size_limit_error
 from shoal.frontend.http.errors import error_body
-from shoal.frontend.http.lean import LeanInfer, LeanInferCycle
+from shoal.frontend.http.lean import LeanInfer, LeanInferCycle, request_parser
 from shoal.frontend.limits import RateLimitedWarning
 
 logger = logging.getLogger(__name__)
@@ -113,6 +118,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     def __init__(self, config: Config, server_state: ServerState, app_state: dict[str, Any],
                  _loop: asyncio.AbstractEventLoop | None = None) -> None:
         super().__init__(config, server_state, app_state, _loop)
+        self.parser = request_parser(self)
         limits = self.budget.limits
         self.timeout_keep_alive = limits.idle_timeout_s  # type: ignore[assignment]
         self._body_timeout_s = limits.body_timeout_s
@@ -191,22 +197,37 @@ class GuardedHttpProtocol(HttpToolsProtocol):
                                  f"{self.budget.limits.max_connections} open HTTP connections; "
                                  "retry later")
             return
+        length: bytes | None = None
+        codings: list[bytes] = []
         for name, value in self.headers:
             if name == b"content-length":
-                if value.isdigit() and int(value) > self._max_body:
-                    self._refuse_request(413, size_limit_error(int(value),
-                                                               self._max_body).message)
-                    return
-                break
+                length = value
+            elif name == b"transfer-encoding":
+                codings += value.split(b",")
+        close_after = False
+        if codings and length is not None:
+            # framed by Transfer-Encoding alone (``lean.request_parser``); RFC 9112 §6.1: such
+            # a connection is closed after the answer. The parser reads a coding other than
+            # chunked last to the connection's end: refused
+            if codings[-1].strip().lower() != b"chunked":
+                self._refuse_request(400, "a request with Content-Length and a "
+                                     "Transfer-Encoding must end its codings with chunked")
+                return
+            close_after = True
+        elif length is not None and length.isdigit() and int(length) > self._max_body:
+            self._refuse_request(413, size_limit_error(int(length), self._max_body).message)
+            return
         self._phase = BODY
         self._body_bytes = 0
         self._set_deadline(self._body_timeout_s)
         lean = self._lean
         lean_cycle = self._lean_cycle = None if lean is None else lean.begin(self)
         if lean_cycle is not None:
+            if close_after:
+                lean_cycle.keep_alive = False
             return
         HttpToolsProtocol.on_headers_complete(self)
-        if self._admission == OVER_CAP and self.cycle is not None:
+        if (self._admission == OVER_CAP or close_after) and self.cycle is not None:
             self.cycle.keep_alive = False  # one health check per over-cap connection
 
     def on_body(self, body: bytes) -> None:

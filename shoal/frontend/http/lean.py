@@ -144,6 +144,18 @@ class LeanInfer:
         return cycle
 
 
+def request_parser(protocol: object) -> httptools.HttpRequestParser:
+    """A parser for the requests of one connection, with the leniencies every parser of ours
+    has: uvicorn's ``data_after_close`` (answer the first of pipelined requests after a
+    ``Connection: close``), and ``chunked_length``: a request with both ``Transfer-Encoding:
+    chunked`` and ``Content-Length`` is framed by the chunked coding alone, the Content-Length
+    ignored (RFC 9112 §6.3), as Triton takes such requests. The guard checks the coding of
+    such a request and closes its connection after the answer (``guard.py``)."""
+    parser = httptools.HttpRequestParser(protocol)
+    parser.set_dangerous_leniencies(lenient_data_after_close=True, lenient_chunked_length=True)
+    return parser
+
+
 def head_block(status: int, defaults: list[tuple[bytes, bytes]]) -> bytes:
     parts = [STATUS_LINE[status]]
     for name, value in defaults:
@@ -201,7 +213,7 @@ class _BodyReader(asyncio.BufferedProtocol):
         protocol._unset_keepalive_if_required()
         if self.owed <= 0:
             self.cycle._detach_reader()
-            protocol.parser = httptools.HttpRequestParser(protocol)
+            protocol.parser = request_parser(protocol)
             protocol.on_message_complete()
 
     def eof_received(self) -> None:

@@ -28,6 +28,9 @@ from shoal.messages import InferResponse, TensorRef
 
 _LENGTH = struct.Struct("<I")
 _FLOAT_KINDS: Final = "f"
+# Triton's bound (server #8603): classifying a batch entry of more elements than this is refused
+# (INVALID_ARG) rather than sorting it, so an output cannot make the frontend sort without end
+MAX_CLASSIFICATION_ELEMENTS: Final = 1_000_000
 
 
 @dataclass(slots=True)
@@ -158,7 +161,8 @@ def classify(
 ) -> tuple[str, list[int], bytes]:
     """Top-``top_n`` of each batch entry, Triton's ``TopkClassifications``: descending by value
     (ties keep the lower index first), each as ``"<value>:<index>"``; BYTES shape [batch, k]
-    when the model batches, else [k]."""
+    when the model batches, else [k]. A batch entry of more than
+    ``MAX_CLASSIFICATION_ELEMENTS`` is INVALID_ARG "classification output tensor too large"."""
     if ref.datatype not in CLASSIFIABLE:
         raise invalid_arg(
             f"class result not available for output '{ref.name}' due to unsupported type "
@@ -171,6 +175,8 @@ def classify(
         rows = values[:batch * per_row].reshape(batch, per_row)
     else:
         rows = values.reshape(1, -1)
+    if rows.shape[1] > MAX_CLASSIFICATION_ELEMENTS:
+        raise invalid_arg("classification output tensor too large")  # Triton's text
     k = min(top_n, rows.shape[1])
     as_text = _format_float if values.dtype.kind == "f" else _format_int
     parts: list[bytes] = []

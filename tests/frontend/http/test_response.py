@@ -112,6 +112,24 @@ def test_classification_per_batch_entry() -> None:
     assert _strings(data) == ["5:1", "3:2", "1:0", "9:0", "9:2", "2:1"]
 
 
+def test_classifying_more_than_a_million_elements_per_entry_is_refused() -> None:
+    limit = 1_000_000
+    fits = np.zeros(limit, np.uint8)
+    _, shape, _ = classify(_ref("UINT8", [limit], limit), memoryview(fits.tobytes()), 1,
+                           batching=False)
+    assert shape == [1]
+    over = np.zeros(limit + 1, np.uint8)
+    with pytest.raises(ShoalError) as caught:
+        classify(_ref("UINT8", [limit + 1], limit + 1), memoryview(over.tobytes()), 1,
+                 batching=False)
+    assert caught.value.code is ErrorCode.INVALID_ARG
+    assert caught.value.message == "classification output tensor too large"
+    two_rows = np.zeros((2, limit), np.uint8)  # the bound is per batch entry, as Triton's
+    _, shape, _ = classify(_ref("UINT8", [2, limit], 2 * limit),
+                           memoryview(two_rows.tobytes()), 1, batching=True)
+    assert shape == [2, 1]
+
+
 def test_classification_of_unsupported_type_is_refused() -> None:
     with pytest.raises(ShoalError):
         classify(_ref("BOOL", [2], 2), memoryview(b"\0\1"), 1, batching=False)
