@@ -27,7 +27,12 @@ from shoal.broker.lifecycle.records import Generation, LoadCommand, ModelRecord
 from shoal.broker.llm_stats import sum_llm_stats
 from shoal.broker.model_runtime import InstanceSlot, ModelVersionRuntime, build_runtime
 from shoal.broker.pool import WorkerState
-from shoal.broker.repository import ModelSource, discover_models, load_model_source
+from shoal.broker.repository import (
+    ModelSource,
+    SourceError,
+    discover_models,
+    load_model_source,
+)
 from shoal.broker.thread_policy import intra_op_share, read_cpu_budget
 from shoal.errors import ShoalError, invalid_arg
 from shoal.load_overrides import (
@@ -99,13 +104,16 @@ def python_auto_complete(model_dir: str, config: object) -> object:
 @dataclass(frozen=True)
 class SourceRead:
     """What a load thread found: the model's source, or why it cannot load (``not_found``: no
-    such model in the repository, Triton's INTERNAL "failed to poll"). ``materialized_dir`` is
-    the private directory its file overrides were written to ("" = none)."""
+    such model in the repository, Triton's INTERNAL "failed to poll"; ``versions``: those the
+    failed load would have loaded, shown UNAVAILABLE with the reason, ``SourceError``).
+    ``materialized_dir`` is the private directory its file overrides were written to ("" =
+    none)."""
 
     source: ModelSource | None
     error: str = ""
     materialized_dir: str = ""
     not_found: bool = False
+    versions: tuple[int, ...] = ()
 
 
 def model_temp_root(settings: Settings) -> str:
@@ -194,6 +202,8 @@ class ModelManager:
                 disable_auto_complete=self.settings.disable_auto_complete_config,
                 config_override=config_override)
             return SourceRead(source, materialized_dir=materialized)
+        except SourceError as exc:
+            return SourceRead(None, exc.message, materialized, versions=tuple(exc.versions))
         except ShoalError as exc:
             return SourceRead(None, exc.message, materialized)
         except Exception as exc:

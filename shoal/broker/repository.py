@@ -17,7 +17,7 @@ from typing import Final
 
 from tritonclient.grpc.model_config_pb2 import ModelConfig, ModelVersionPolicy
 
-from shoal.errors import ShoalError, invalid_arg
+from shoal.errors import ErrorCode, ShoalError, invalid_arg
 from shoal.model_config import load_config_file, normalize_config
 
 logger = logging.getLogger(__name__)
@@ -135,6 +135,28 @@ def select_versions(available: Sequence[int], policy: ModelVersionPolicy) -> lis
     return present
 
 
+class SourceError(ShoalError):
+    """A model's load failed after its config was read: ``versions`` are the versions it
+    would have loaded (its policy over the version directories present). Triton shows each of
+    them UNAVAILABLE with the reason; a config that does not parse, or a model without version
+    directories, fails before any version exists (Triton: "failed to poll", a bare entry)."""
+
+    def __init__(self, code: ErrorCode, message: str, versions: list[int]) -> None:
+        super().__init__(code, message)
+        self.versions = versions
+
+
+def policy_versions(available: Sequence[int], config: ModelConfig) -> list[int]:
+    """The versions ``config``'s policy picks, as far as they can be told (a config not yet
+    normalized has Triton's default, the latest one; a policy that cannot be met: none)."""
+    if not config.HasField("version_policy"):
+        return sorted(available)[-1:]
+    try:
+        return select_versions(available, config.version_policy)
+    except ShoalError:
+        return []
+
+
 def load_model_source(name: str, model_dir: str, repository: str, *,
                       default_max_batch_size: int, gpu_count: int,
                       auto_complete: AutoComplete | None,
@@ -166,6 +188,22 @@ def load_model_source(name: str, model_dir: str, repository: str, *,
     if not available:
         raise invalid_arg(f"model '{name}': no version directory: put the model files in a "
                           f"numeric version directory such as '{name}/1/'")
+    try:
+        return _complete_source(name, model_dir, repository, config, available, config_source,
+                                default_max_batch_size=default_max_batch_size,
+                                gpu_count=gpu_count, auto_complete=auto_complete,
+                                disable_auto_complete=disable_auto_complete)
+    except SourceError:
+        raise
+    except ShoalError as exc:
+        raise SourceError(exc.code, exc.message, policy_versions(available, config)) from None
+
+
+def _complete_source(name: str, model_dir: str, repository: str, config: ModelConfig,
+                     available: list[int], config_source: str, *, default_max_batch_size: int,
+                     gpu_count: int, auto_complete: AutoComplete | None,
+                     disable_auto_complete: bool) -> ModelSource:
+    """``load_model_source`` once the config is parsed and version directories exist."""
     if not config.name:
         config.name = name
     _infer_backend(config, model_dir, available, config_source)

@@ -7,6 +7,7 @@ from tritonclient.grpc import model_config_pb2 as pb
 
 from shoal.broker.repository import (
     ModelSource,
+    SourceError,
     available_versions,
     discover_models,
     load_model_source,
@@ -234,3 +235,33 @@ def test_custom_config_name(tmp_path: Path) -> None:
     assert source.config.max_batch_size == 32
     assert source.config_source == "add_sub/configs/big.pbtxt"
     assert load(model_dir, config_name="absent").config.max_batch_size == 0
+
+
+# ------------------------------------------------------------------ failures and versions
+
+
+@pytest.mark.parametrize(("policy", "versions"), [
+    ("", [3]),  # Triton's default policy: the latest version
+    ("version_policy: { all: {} }\n", [1, 2, 3]),
+    ("version_policy: { specific: { versions: [ 2 ] } }\n", [2]),
+])
+def test_an_invalid_config_fails_with_the_versions_its_load_would_have_tried(
+        tmp_path: Path, policy: str, versions: list[int]) -> None:
+    """Triton 2.51 shows such a failure on those versions, UNAVAILABLE with the reason."""
+    config = 'name: "m"\nbackend: "python"\ninput [{ name: "X" data_type: TYPE_FP32 }]\n' + policy
+    model_dir = make_model(tmp_path, "m", ("1", "2", "3"), config)
+    with pytest.raises(SourceError) as info:
+        load(model_dir)
+    assert "dims" in info.value.message and info.value.versions == versions
+
+
+@pytest.mark.parametrize(("versions", "config"), [
+    (("1",), 'name: "m" this is not a config'),  # does not parse
+    ((), ADD_SUB),  # no version directory
+])
+def test_a_load_that_fails_before_any_version_exists_names_none(
+        tmp_path: Path, versions: tuple[str, ...], config: str) -> None:
+    """Triton 2.51 fails these at its repository poll: the index shows the name only."""
+    with pytest.raises(ShoalError) as info:
+        load(make_model(tmp_path, "m", versions, config))
+    assert not isinstance(info.value, SourceError)

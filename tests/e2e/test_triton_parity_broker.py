@@ -118,7 +118,7 @@ BODIES = {
 }
 DECOUPLED = {"dec2", "dec_err", "dec_raise"}
 LOADED = ["seq_u64", "seq_str", "ident", "err_resp", "raises", "dec2", "dec_err", "dec_raise"]
-REPOSITORY = sorted([*LOADED, "badinit", "badcfg"])
+REPOSITORY = sorted([*LOADED, "badinit", "badcfg", "nodims"])
 
 
 def _write_repository(root: pathlib.Path) -> None:
@@ -135,6 +135,10 @@ def _write_repository(root: pathlib.Path) -> None:
             fail_init=name == "badinit", body=body))
     (root / "badcfg" / "1").mkdir(parents=True)  # a model directory whose config is not one
     (root / "badcfg" / "config.pbtxt").write_text('name: "badcfg" this is not a config')
+    (root / "nodims" / "1").mkdir(parents=True)  # a config that parses but is not valid
+    (root / "nodims" / "config.pbtxt").write_text(
+        'name: "nodims"\nbackend: "python"\ninput [{ name: "X" data_type: TYPE_FP32 }]\n'
+        'output [{ name: "Y" data_type: TYPE_FP32 dims: [ 1 ] }]\n')
 
 
 @pytest.fixture(scope="module")
@@ -513,8 +517,9 @@ def test_names_that_are_not_models_leave_no_trace_in_the_index_or_metrics(
         server: ShoalServer, grpc_client: grpcclient.InferenceServerClient) -> None:
     """Triton 2.51 in explicit mode: a load of a name the repository lacks is 500 "failed to
     poll", an unload of an unknown name succeeds, and neither name ever shows in the index or
-    in /metrics. A model whose initialize raises is listed UNAVAILABLE with its reason; one
-    whose config does not parse, and one never loaded, by name only."""
+    in /metrics. A model whose initialize raises, or whose config parses but is not valid, is
+    listed with its version UNAVAILABLE and the reason; one whose config does not parse, and
+    one never loaded, by name only."""
     for client_kind in ("http", "grpc"):
         if client_kind == "http":
             load = httpx.post(f"{server.base}/v2/repository/models/nosuch/load", json={},
@@ -539,6 +544,8 @@ def test_names_that_are_not_models_leave_no_trace_in_the_index_or_metrics(
             assert caught.value.status() == "StatusCode.INVALID_ARGUMENT"
         with pytest.raises(InferenceServerException):
             grpc_client.load_model("badcfg")
+        with pytest.raises(InferenceServerException, match="dims"):
+            grpc_client.load_model("nodims")
 
     for index in (_index_http(server), _index_grpc(grpc_client)):
         assert [entry["name"] for entry in index] == REPOSITORY
@@ -547,6 +554,9 @@ def test_names_that_are_not_models_leave_no_trace_in_the_index_or_metrics(
         badinit = by_name["badinit"]
         assert (badinit["version"], badinit["state"]) == ("1", "UNAVAILABLE")
         assert "init boom" in badinit["reason"]
+        nodims = by_name["nodims"]
+        assert (nodims["version"], nodims["state"]) == ("1", "UNAVAILABLE")
+        assert "'X'" in nodims["reason"] and "dims" in nodims["reason"]
         assert by_name["ident"] == {"name": "ident", "version": "1", "state": "READY"}
 
     names = _metric_model_names(server)

@@ -178,7 +178,8 @@ class LifecycleDriver:
         if self.stopping or read.source is None:
             self._remove_dir(read.materialized_dir)
             self._load_failed(record, command.waiter, "Server exiting" if self.stopping
-                              else read.error, now, not_found=read.not_found)
+                              else read.error, now, not_found=read.not_found,
+                              versions=read.versions)
             return
         try:
             generation = self.models.build_generation(name, read, command, now)
@@ -189,7 +190,8 @@ class LifecycleDriver:
                 self._admit(generation)
         except ShoalError as exc:
             self._remove_dir(read.materialized_dir)
-            self._load_failed(record, command.waiter, exc.message, now)
+            self._load_failed(record, command.waiter, exc.message, now,
+                              versions=tuple(read.source.versions))
             return
         record.loading = generation
         if generation.is_ensemble:
@@ -302,9 +304,13 @@ class LifecycleDriver:
         self._command_done(record, now)
 
     def _load_failed(self, record: ModelRecord, waiter: Waiter | None, reason: str, now: float,
-                     generation: Generation | None = None, not_found: bool = False) -> None:
+                     generation: Generation | None = None, not_found: bool = False,
+                     versions: tuple[int, ...] = ()) -> None:
         """``not_found``: the repository has no such model: Triton's INTERNAL (500) with its
-        text alone; any other failure is INVALID_ARG (400) "load failed for model ...". """
+        text alone; any other failure is INVALID_ARG (400) "load failed for model ...". A
+        failure before any generation existed shows ``versions`` (those the load would have
+        loaded) UNAVAILABLE with the reason, as a failed generation's do, unless a generation
+        still serves."""
         message = reason if reason == "Server exiting" or not_found else \
             f"load failed for model '{record.name}': {reason}"
         logger.error("%s", message)
@@ -315,6 +321,8 @@ class LifecycleDriver:
         else:
             record.failure = message
             record.stats.failures += 1
+            if versions and record.serving is None:
+                record.retired = {v: message for v in versions}
         self.reply(waiter, Error(ErrorCode.INTERNAL if not_found else ErrorCode.INVALID_ARG,
                                  message))
         self._command_done(record, now)
