@@ -74,6 +74,41 @@ class Difference:
     mask: Callable[[Answer], Answer] = _without_status_and_text
 
 
+def _float32_data(a: Answer) -> Answer:
+    """JSON FP32 values rounded to float32: Triton prints a float32 through double (0.1 becomes
+    0.10000000149011612), shoal prints the shortest text that reads back as the same float32."""
+    import numpy as np
+
+    masked = _without_media_type(a)
+    body = masked.get("body")
+    if isinstance(body, dict) and isinstance(body.get("outputs"), list):
+        outputs = []
+        for out in body["outputs"]:
+            if out.get("datatype") == "FP32" and isinstance(out.get("data"), list):
+                out = {**out, "data": np.asarray(out["data"], np.float32).tolist()}
+            outputs.append(out)
+        masked["body"] = {**body, "outputs": outputs}
+    return masked
+
+
+def _without_parameters(a: Answer) -> Answer:
+    masked = _without_media_type(a)
+    for key in ("body", "reply"):
+        body = masked.get(key)
+        if isinstance(body, dict) and "parameters" in body:
+            masked[key] = {k: v for k, v in body.items() if k != "parameters"}
+    return masked
+
+
+def _strip_version(a: Answer) -> Answer:
+    masked = _without_media_type(a)
+    body = masked.get("body") or masked.get("reply")
+    if isinstance(body, dict) and "version" in body:
+        key = "body" if "body" in masked else "reply"
+        masked[key] = {k: v for k, v in body.items() if k != "version"}
+    return masked
+
+
 DIFFERENCES: tuple[Difference, ...] = (
     Difference(
         key="media-type",
@@ -94,7 +129,7 @@ DIFFERENCES: tuple[Difference, ...] = (
         cases=("http:server/metadata", "grpc:server-metadata"),
         triton=lambda a: True,
         shoal=lambda a: True,
-        mask=lambda a: _strip_version(a),
+        mask=_strip_version,
     ),
     Difference(
         key="client-mistake-400",
@@ -122,13 +157,75 @@ DIFFERENCES: tuple[Difference, ...] = (
         and "execute blew up" in error_text(a),
         mask=lambda a: _without_error_text(_without_media_type(a)),
     ),
+    Difference(
+        key="fp32-json-text",
+        summary="FP32 values in JSON are written as the shortest decimal that reads back as the "
+                "same float32 (`0.1`); Triton writes the float32 widened to double "
+                "(`0.10000000149011612`)",
+        why="both read back as the same float32; the shorter text is what every JSON client "
+            "expects to see for the value it sent",
+        cases=("http:infer/classify/class-count-0",),
+        triton=status(200),
+        shoal=status(200),
+        mask=_float32_data,
+    ),
+    Difference(
+        key="ensemble-sequence-parameters",
+        summary="An ensemble's answer carries no `sequence_id` / `sequence_start` / "
+                "`sequence_end` parameters the request did not send (Triton 2.51 adds "
+                "`0` / `false` / `false` to every ensemble answer)",
+        why="they describe no sequence; shoal's answers carry only parameters that mean "
+            "something",
+        cases=("http:infer/pipeline/json", "grpc:infer/pipeline"),
+        triton=lambda a: "sequence_id" in str(a),
+        shoal=lambda a: "sequence_id" not in str(a),
+        mask=_without_parameters,
+    ),
+    Difference(
+        key="generate-decoupled-status",
+        summary="`generate` on a decoupled model that sends other than one response is a 501 "
+                "with Triton's message; Triton sends the message with status 200",
+        why="a 200 whose body is an error passes every client's status check as a success",
+        cases=("http:generate/countdown/*",),
+        triton=both(status(200), error_contains("exactly 1 response")),
+        shoal=both(status(501), error_contains("exactly 1 response")),
+    ),
+    Difference(
+        key="required-input-checked",
+        summary="A model with an optional input still needs its required ones: a request "
+                "without them is a 400 naming them; Triton 2.51 skips the check once a model "
+                "has an optional input and runs `execute` without them (a 500 from the model)",
+        why="the client's mistake should be named before the model fails on it",
+        cases=("http:infer/optional_input/without-required",),
+        triton=status(500),
+        shoal=both(status(400), error_contains("missing required input(s) ['INPUT0']")),
+    ),
+    Difference(
+        key="unexpected-input-text",
+        summary="An input the model does not have is named in the error (`unexpected "
+                "inference input 'X' for model 'M'`); Triton counts inputs and lists none as "
+                "missing (`... missing required input(s) ]`)",
+        why="Triton's text names no input and is malformed; the status (400) is the same",
+        cases=("http:infer/add_sub/extra-input",),
+        triton=both(status(400), error_contains("missing required input(s) ]")),
+        shoal=both(status(400), error_contains("unexpected inference input 'INPUT9'")),
+    ),
+    Difference(
+        key="first-wrong-input",
+        summary="When several inputs are wrong, the error names the first in request order; "
+                "Triton names the one its hash map yields first",
+        why="the request's order is the one the client can predict; the status is the same",
+        cases=("http:infer/add_sub/batch-dim-on-unbatched", "grpc:infer/add_sub/wrong-shape"),
+        triton=error_contains("'INPUT1'"),
+        shoal=error_contains("'INPUT0'"),
+    ),
+    Difference(
+        key="empty-body",
+        summary="An empty request body is a JSON error (400); Triton reads it as a raw binary "
+                "request and answers that the model has more than one input (400)",
+        why="an empty body is not a tensor; the status is the same",
+        cases=("http:infer/add_sub/empty-body",),
+        triton=status(400),
+        shoal=both(status(400), error_contains("failed to parse the request JSON")),
+    ),
 )
-
-
-def _strip_version(a: Answer) -> Answer:
-    masked = _without_media_type(a)
-    body = masked.get("body") or masked.get("reply")
-    if isinstance(body, dict) and "version" in body:
-        key = "body" if "body" in masked else "reply"
-        masked[key] = {k: v for k, v in body.items() if k != "version"}
-    return masked
