@@ -298,9 +298,8 @@ class BrokerLoop:
             rejection = runtime.sequence.submit(key, request, now, queued.shape_signature)
         else:
             rejection = runtime.scheduler.submit(queued, now)
-        if rejection is not None:
-            self.finish_error(runtime, key, Error(rejection.code, rejection.message),
-                              "REJECTED", now)
+        if rejection is not None:  # refused on arrival: Triton counts it nowhere (stats.py)
+            self.finish_error(runtime, key, Error(rejection.code, rejection.message), None, now)
             return None
         return runtime
 
@@ -582,11 +581,14 @@ class BrokerLoop:
             self.answer(ready_key[0], ready)
 
     def finish_error(self, runtime: ModelVersionRuntime, key: RequestKey, error: Error,
-                     reason: str, now: float) -> None:
+                     reason: str | None, now: float) -> None:
+        """End the request with ``error``, a failure counted under ``reason`` (None: not
+        counted, a request its scheduler refused on arrival)."""
         pending = runtime.forget(key)
         if pending is None:
             return
-        runtime.stats.record_failure(int((now - pending.arrival) * 1e9), reason)
+        if reason is not None:
+            runtime.stats.record_failure(int((now - pending.arrival) * 1e9), reason)
         response = InferResponse(key[1], error=error)
         if pending.trace is not None:
             response = with_stamps(response, pending)

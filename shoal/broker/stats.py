@@ -6,9 +6,11 @@ A request that succeeded counts in ``success``, ``queue`` and ``compute_*`` (eac
 carrying its batch's compute durations) and its rows in ``inference_count``; one that failed
 counts in ``fail`` (by reason) only. A request succeeded when the model executed it and
 answered it, even with an error response (a python model's ``InferenceResponse(error=...)``,
-outputs that did not fit a client region: ``Error.in_response``); it failed when it was
-rejected, cancelled, or its execution failed (``execute`` raised, the instance died). A
-decoupled request succeeds when its stream ends with anything but an execution failure.
+outputs that did not fit a client region: ``Error.in_response``); it failed when it
+timed out in its queue (REJECTED), was cancelled, or its execution failed (``execute`` raised,
+the instance died). A request its scheduler refused on arrival (the queue is full, a sequence
+request without START or correlation id) counts nowhere. A decoupled request succeeds when its
+stream ends with anything but an execution failure.
 
 An ensemble (core ``ensemble_scheduler.cc`` ``RequestTracker``, ``infer_stats.cc``) has no
 executions of its own: each successful ensemble request counts as one execution of its batch

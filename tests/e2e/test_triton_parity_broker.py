@@ -16,7 +16,9 @@ import pathlib
 import queue
 import re
 import textwrap
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import grpc
@@ -117,7 +119,28 @@ BODIES = {
     "badinit": "        return [out(r) for r in requests]",
 }
 DECOUPLED = {"dec2", "dec_err", "dec_raise"}
-LOADED = ["seq_u64", "seq_str", "ident", "err_resp", "raises", "dec2", "dec_err", "dec_raise"]
+LOADED = ["seq_u64", "seq_str", "ident", "err_resp", "raises", "dec2", "dec_err", "dec_raise",
+          "slow"]
+
+SLOW_CONFIG = """
+name: "slow"
+backend: "python"
+max_batch_size: 1
+dynamic_batching { default_queue_policy { max_queue_size: 1 } }
+input [{ name: "IN" data_type: TYPE_FP32 dims: [ 4 ] }]
+output [{ name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] }]
+"""
+SLOW_MODEL = """
+import time
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        time.sleep(3)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())]) for r in requests]
+"""
 REPOSITORY = sorted([*LOADED, "badinit", "badcfg", "nodims"])
 
 
@@ -133,6 +156,9 @@ def _write_repository(root: pathlib.Path) -> None:
             name=name, decoupled=str(name in DECOUPLED).lower()))
         (root / name / "1" / "model.py").write_text(textwrap.dedent(PLAIN_MODEL).format(
             fail_init=name == "badinit", body=body))
+    (root / "slow" / "1").mkdir(parents=True)
+    (root / "slow" / "config.pbtxt").write_text(SLOW_CONFIG)
+    (root / "slow" / "1" / "model.py").write_text(SLOW_MODEL)
     (root / "badcfg" / "1").mkdir(parents=True)  # a model directory whose config is not one
     (root / "badcfg" / "config.pbtxt").write_text('name: "badcfg" this is not a config')
     (root / "nodims" / "1").mkdir(parents=True)  # a config that parses but is not valid
@@ -484,6 +510,42 @@ def test_a_decoupled_execute_that_raises_counts_a_failure(server: ShoalServer) -
     assert counted.stats == {"fail": 2, "execution_count": 2, "batch1": 2}
     assert counted.metrics == {"nv_inference_request_failure[BACKEND]": 2,
                                "nv_inference_exec_count": 2}
+
+
+def test_sequence_requests_refused_on_arrival_count_nowhere(
+        server: ShoalServer, grpc_client: grpcclient.InferenceServerClient) -> None:
+    """Triton 2.51 counts no failure for a sequence request refused on arrival (no START for
+    an unknown sequence, no correlation id)."""
+    with Counted(server, "seq_u64") as counted:
+        assert _seq_http(server, "seq_u64", "never-started").status_code == 400
+        assert _seq_http(server, "seq_u64", 0, start=True).status_code == 400
+        with pytest.raises(InferenceServerException, match="START"):
+            _seq_grpc(grpc_client, "seq_u64", 424242)
+    assert counted.stats == {}
+    assert counted.metrics == {}
+
+
+def test_a_request_refused_by_a_full_queue_counts_nowhere(server: ShoalServer) -> None:
+    """Triton 2.51: "Exceeds maximum queue size" is no failure in the statistics or in
+    nv_inference_request_failure (a queue timeout is a REJECTED one)."""
+    body = {"inputs": [{"name": "IN", "datatype": "FP32", "shape": [1, 4], "data": [1] * 4}]}
+
+    def infer() -> httpx.Response:
+        return httpx.post(f"{server.base}/v2/models/slow/infer", json=body, timeout=60)
+
+    with Counted(server, "slow") as counted, ThreadPoolExecutor(2) as pool:
+        running = pool.submit(infer)  # executes for 3 s
+        time.sleep(1.0)
+        queued = pool.submit(infer)  # fills the queue (max_queue_size 1) until then
+        time.sleep(0.5)
+        refused = infer()
+        assert (refused.status_code, refused.json()) == (
+            503, {"error": "Exceeds maximum queue size"})
+        assert running.result().status_code == queued.result().status_code == 200
+    assert counted.stats == {"success": 2, "queue": 2, "compute_input": 2, "compute_infer": 2,
+                             "compute_output": 2, "inference_count": 2, "execution_count": 2,
+                             "batch1": 2}
+    assert counted.metrics == SUCCEEDED_TWICE_METRICS
 
 
 def test_the_pinned_memory_pool_gauges_say_there_is_none(server: ShoalServer) -> None:
