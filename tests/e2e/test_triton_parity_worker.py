@@ -143,6 +143,16 @@ class Doubler(torch.nn.Module):
         return x * 2
 
 
+# decoupled, but execute returns a list of responses (which it must not)
+DECOUPLED_RETURNS = """
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse(output_tensors=[]) for _ in requests]
+"""
+
+
 def _model(repo: pathlib.Path, name: str, config: str, code: str | None = None) -> None:
     (repo / name / "1").mkdir(parents=True)
     (repo / name / "config.pbtxt").write_text(
@@ -209,6 +219,12 @@ def build_repository(repo: pathlib.Path) -> pathlib.Path:
                  { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 4 ] } ]
         instance_group [ { name: "add_sub_0" kind: KIND_CPU count: 1 } ]
     """, BLS_BY_NAME)
+    _model(repo, "decoupled_returns", """
+        backend: "python"
+        input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]
+        output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]
+        model_transaction_policy { decoupled: true }
+    """, DECOUPLED_RETURNS)
     return repo
 
 
@@ -552,3 +568,27 @@ def test_workers_unmap_a_client_object_once_it_is_removed(server: ShoalServer) -
             client.unregister_system_shared_memory("mapped_r")
             triton_shm.destroy_shared_memory_region(handle)
         client.close()
+
+
+def test_a_decoupled_model_returning_responses_answers_an_error_not_silence(
+        server: ShoalServer) -> None:
+    """Triton's python backend refuses what a decoupled execute returns: every request gets
+    the error (its stream does not wait for ever, nothing stays in flight)."""
+    import queue
+
+    results: queue.Queue[Any] = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: results.put(error or result))
+    try:
+        tensor = grpcclient.InferInput("INPUT0", [1], "FP32")
+        tensor.set_data_from_numpy(np.ones(1, dtype=np.float32))
+        client.async_stream_infer("decoupled_returns", [tensor])
+        answer = results.get(timeout=20)
+    finally:
+        client.stop_stream()
+        client.close()
+    assert isinstance(answer, InferenceServerException)
+    assert ("Python model 'decoupled_returns_0' is using the decoupled mode and the execute "
+            "function must return None.") in str(answer)
+    stats = httpx.get(f"{server.base}/v2/models/decoupled_returns/stats").json()
+    assert stats["model_stats"][0]["inference_stats"]["fail"]["count"] == 1

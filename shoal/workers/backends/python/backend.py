@@ -139,14 +139,22 @@ class PythonBackend:
     ) -> list[BackendResponse | Error | None]:
         """Responses travel through each request's sender (now or later, any thread); execute
         itself answers nothing, except an error for requests whose sender is still open when
-        the model raised."""
+        the model raised or returned anything but None (as Triton's python backend: a
+        decoupled execute must return None, and the client must not wait for ever)."""
         try:
-            self._await_if_needed(self._model.execute(pb_requests))
+            returned = self._await_if_needed(self._model.execute(pb_requests))
         except Exception as exc:
             error = self._execute_failed(exc, len(requests))
-            return [None if (p._sender is not None and p._sender.closed) else error
-                    for p in pb_requests]
-        return [None] * len(requests)
+        else:
+            if returned is None:
+                return [None] * len(requests)
+            logger.error("decoupled model instance '%s' returned %s from execute (must return "
+                         "None)", self._instance_name, type(returned).__name__)
+            error = Error(ErrorCode.INTERNAL,
+                          f"Python model '{self._instance_name}' is using the decoupled mode "
+                          "and the execute function must return None.")
+        return [None if (p._sender is not None and p._sender.closed) else error
+                for p in pb_requests]
 
     def unload(self) -> None:
         pb_bls.detach()
