@@ -362,9 +362,10 @@ def test_stream_errors_are_in_band_and_the_stream_stays_open(
         bad.raw_input_contents.append(b"\0" * 16)
         feed.send(bad)
         error = next(replies)
-        body = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [4],
-                            "data": [0, 0, 0, 0]}]}
+        body = {"id": "bad", "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [4],
+                                         "data": [0, 0, 0, 0]}]}
         assert error.error_message == http_error(server, "add_sub", body)[1]
+        assert error.error_message.startswith("[request id: bad] ")  # Triton names the request
         assert error.infer_response.id == "bad"
         assert error.infer_response.parameters["triton_final_response"].bool_param
         failing = pb.ModelInferRequest(model_name="repeat_decoupled", id="negative")

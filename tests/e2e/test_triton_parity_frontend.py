@@ -2,7 +2,8 @@
 measured against the real tritonserver with numpy-only python models): unknown, never loaded,
 unloaded and failed models (404 / NOT_FOUND, not 400 or 503), version strings, statistics texts,
 generate's shape fitting, input texts and error responses (400, as an event stream for
-generate_stream), duplicated inputs and outputs, the classification bound, and requests with both
+generate_stream), the request id at the start of Triton's core messages, duplicated inputs and
+outputs, the classification bound, and requests with both
 ``Transfer-Encoding: chunked`` and ``Content-Length``. One real server in explicit mode, HTTP
 (httpx, requests, raw sockets) and gRPC (tritonclient)."""
 
@@ -396,8 +397,12 @@ def test_generate_fits_values_to_the_configured_dims(server: ShoalServer) -> Non
      "Expected JSON object for keyword: 'parameters': attempt to access JSON non-object as "
      "object"),
     ("matrix", {},
-     "expected 2 inputs but got 0 inputs for model 'matrix'. Got input(s) [], but missing "
-     "required input(s) ['V','B']. Please provide all required input(s)."),
+     "[request id: <id_unknown>] expected 2 inputs but got 0 inputs for model 'matrix'. Got "
+     "input(s) [], but missing required input(s) ['V','B']. Please provide all required "
+     "input(s)."),
+    ("matrix", {"id": "42"},
+     "[request id: 42] expected 2 inputs but got 0 inputs for model 'matrix'. Got input(s) [], "
+     "but missing required input(s) ['V','B']. Please provide all required input(s)."),
 ])
 def test_generate_input_errors_have_tritons_texts(server: ShoalServer, path: str,
                                                   body: dict[str, Any], text: str) -> None:
@@ -414,11 +419,12 @@ def test_generate_input_errors_have_tritons_texts(server: ShoalServer, path: str
 def test_generate_refuses_an_input_given_twice(server: ShoalServer, raw: bytes,
                                                name: str) -> None:
     r = post(server, "/v2/models/prompt_batched/generate", content=raw)
-    assert error_of(r) == (400, f"input '{name}' already exists in request")
+    assert error_of(r) == (400, f"[request id: <id_unknown>] input '{name}' already exists in "
+                                "request")
     r = post(server, "/v2/models/prompt_batched/generate",
              {"PROMPT": "a", "parameters": {"PROMPT": "b"}})
-    assert error_of(r) == (400, "Converting keyword: 'parameters': input 'PROMPT' already "
-                                "exists in request")
+    assert error_of(r) == (400, "Converting keyword: 'parameters': [request id: <id_unknown>] "
+                                "input 'PROMPT' already exists in request")
 
 
 # ------------------------------------------------------------------ generate: model errors
@@ -467,14 +473,48 @@ def test_duplicated_inputs_and_outputs_are_refused_with_tritons_texts(
         server: ShoalServer, grpc_client: grpcclient.InferenceServerClient) -> None:
     tensor = {"name": "INPUT0", "datatype": "FP32", "shape": [1], "data": [1.0]}
     r = post(server, "/v2/models/identity/infer", {"inputs": [tensor, tensor]})
-    assert error_of(r) == (400, "input 'INPUT0' already exists in request")
-    r = post(server, "/v2/models/identity/infer",
-             {"inputs": [tensor], "outputs": [{"name": "OUTPUT0"}, {"name": "OUTPUT0"}]})
-    assert error_of(r) == (400, "output 'OUTPUT0' already exists in request")
+    assert error_of(r) == (400, "[request id: <id_unknown>] input 'INPUT0' already exists in "
+                                "request")
+    r = post(server, "/v2/models/identity/infer", {"id": "7", "inputs": [tensor],
+                                                   "outputs": [{"name": "OUTPUT0"},
+                                                               {"name": "OUTPUT0"}]})
+    assert error_of(r) == (400, "[request id: 7] output 'OUTPUT0' already exists in request")
     outputs = [grpcclient.InferRequestedOutput("OUTPUT0") for _ in range(2)]
     assert grpc_error_of(grpc_client.infer, "identity", identity_input(np.ones(1, np.float32)),
-                         outputs=outputs) == ("StatusCode.INVALID_ARGUMENT",
-                                              "output 'OUTPUT0' already exists in request")
+                         outputs=outputs) == (
+        "StatusCode.INVALID_ARGUMENT",
+        "[request id: <id_unknown>] output 'OUTPUT0' already exists in request")
+
+
+def test_infer_texts_are_tritons(server: ShoalServer) -> None:
+    def infer(model: str, body: Any = None, content: bytes | None = None,
+              headers: dict[str, str] | None = None) -> tuple[int, str]:
+        if content is None:
+            return error_of(post(server, f"/v2/models/{model}/infer", body))
+        return error_of(httpx.post(f"{server.base}/v2/models/{model}/infer", content=content,
+                                   headers=headers or {}, timeout=30))
+
+    assert infer("identity", {"inputs": [{"name": "INPUT0", "datatype": "FP8", "shape": [1],
+                                          "data": [1]}]}) == (
+        400, "invalid datatype for input INPUT0")
+    assert infer("identity", {"inputs": [{"name": "INPUT0", "datatype": "FP32",
+                                          "shape": [1]}]}) == (
+        400, "Input must set only one of the following fields: 'data', 'binary_data_size' in "
+             "'parameters', 'shared_memory_region' in 'parameters'. But no field is set")
+    assert infer("identity", content=b"{}ab", headers={
+        "Inference-Header-Content-Length": "10"}) == (
+        400, "inference header size should be in range (0, 4), got: 10")
+    bytes_input = {"name": "PROMPT", "datatype": "BYTES", "shape": [1, 1]}
+    assert infer("prompt", {"id": "b", "inputs": [{**bytes_input, "data": []}]}) == (
+        400, "[request id: b] expected 1 string elements for inference input 'PROMPT' for "
+             "model 'prompt', got 0")
+    assert infer("prompt", {"inputs": [{**bytes_input, "data": ["a", "b"]}]}) == (
+        400, "[request id: <id_unknown>] unexpected number of string elements 2 for inference "
+             "input 'PROMPT' for model 'prompt', expecting 1")
+    assert infer("matrix", content=b"\0" * 16, headers={
+        "Inference-Header-Content-Length": "0"}) == (
+        400, "[request id: <id_unknown>] Raw request must only have 1 input (found 1) to be "
+             "deduced but got 2 inputs in 'matrix' model configuration")
 
 
 def test_classifying_more_than_a_million_elements_is_refused(

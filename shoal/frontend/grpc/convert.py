@@ -22,7 +22,7 @@ from typing import Any, Final
 import numpy as np
 
 from shoal import dtypes
-from shoal.errors import invalid_arg
+from shoal.errors import ShoalError, invalid_arg
 from shoal.frontend.http.codec import (
     SEQUENCE_END,
     SEQUENCE_START,
@@ -34,6 +34,7 @@ from shoal.frontend.http.codec import (
     checked_element_count,
     string_correlation_id,
 )
+from shoal.frontend.http.validation import request_tag
 from shoal.frontend.shm_params import (
     SHM_BYTE_SIZE,
     SHM_KEYS,
@@ -84,7 +85,7 @@ def decode_model_infer_request(message: Any, model: ModelVersionInfo,
                                                 binary_output_default=True))
     _decode_request_parameters(message.parameters, decoded)
     decoded.request.inputs = _decode_inputs(
-        message, message.raw_input_contents if raw is None else raw, model.name)
+        message, message.raw_input_contents if raw is None else raw, model)
     decoded.request.outputs = [_decode_output(output) for output in message.outputs]
     return decoded
 
@@ -165,15 +166,25 @@ def _custom_parameter(key: str, value: ParamValue | None) -> ParamValue:
 # ------------------------------------------------------------------------ inputs
 
 
+def _invalid_datatype(client_id: str, name: str, model: ModelVersionInfo) -> ShoalError:
+    """What Triton's core says of a datatype it does not know (it reads it as ``<invalid>``)."""
+    expected = next((spec.datatype for spec in model.inputs if spec.name == name), None)
+    if expected is None:
+        return invalid_arg(f"unexpected inference input '{name}' for model '{model.name}'")
+    return invalid_arg(f"{request_tag(client_id)}inference input '{name}' data-type is "
+                       f"'<invalid>', but model '{model.name}' expects '{expected}'")
+
+
 def _decode_inputs(message: Any, raw: Sequence[bytes | memoryview],
-                   model_name: str) -> list[DecodedInput]:
+                   model: ModelVersionInfo) -> list[DecodedInput]:
+    model_name = model.name
     next_raw = 0
     inputs: list[DecodedInput] = []
     for tensor in message.inputs:
         name = tensor.name
         datatype = tensor.datatype
         if not dtypes.is_datatype(datatype):
-            raise invalid_arg(f"invalid datatype '{datatype}' for input '{name}'")
+            raise _invalid_datatype(message.id, name, model)
         shape = _shape(list(tensor.shape), name)
         count = checked_element_count(shape, name)
         shm = _shared_memory_ref(tensor)

@@ -33,6 +33,7 @@ UINT64_MAX: Final = (1 << 64) - 1
 MAX_STRING_CORRELATION_ID: Final = 128  # bytes of a string sequence_id (Triton's limit)
 SEQUENCE_START: Final = 1
 SEQUENCE_END: Final = 2
+_RAW_REQUEST_TAG: Final = "[request id: <id_unknown>] "  # validation.request_tag("")
 _LENGTH = struct.Struct("<I")
 _RESERVED_PARAMETERS: Final = frozenset({"headers"})
 _SHM_KEY_SET: Final = frozenset(SHM_KEYS)  # a tensor without them has no shared memory
@@ -89,7 +90,7 @@ def split_body(body: memoryview, header_length: str | None) -> tuple[memoryview,
         return None
     if length < 0 or length > len(body):
         raise invalid_arg(
-            f"inference header size should be in range (0, {len(body)}], got: {header_length}"
+            f"inference header size should be in range (0, {len(body)}), got: {header_length}"
         )
     return body[:length], body[length:]
 
@@ -124,10 +125,12 @@ def decode_infer_request(
 def decode_raw_request(body: memoryview, model: ModelVersionInfo) -> DecodedRequest:
     """Raw binary request (header length 0): the model must have exactly one input; its shape is
     [1] + dims (batching) or dims with at most one -1, deduced from the byte size; BYTES needs
-    shape [1]. All outputs come back binary."""
+    shape [1]. All outputs come back binary. Errors carry Triton's core start for a request
+    without an id (``[request id: <id_unknown>] ``)."""
+    tag = _RAW_REQUEST_TAG
     if len(model.inputs) != 1:
         raise invalid_arg(
-            f"Raw request must only have 1 input (found 1) to be deduced but got "
+            f"{tag}Raw request must only have 1 input (found 1) to be deduced but got "
             f"{len(model.inputs)} inputs in '{model.name}' model configuration"
         )
     spec = model.inputs[0]
@@ -138,7 +141,7 @@ def decode_raw_request(body: memoryview, model: ModelVersionInfo) -> DecodedRequ
         if dim == -1:
             if dynamic_axis != -1:
                 raise invalid_arg(
-                    f"The shape of the raw input '{spec.name}' can not be deduced because "
+                    f"{tag}The shape of the raw input '{spec.name}' can not be deduced because "
                     "there are more than one variable-sized dimension"
                 )
             dynamic_axis = len(shape)
@@ -148,7 +151,8 @@ def decode_raw_request(body: memoryview, model: ModelVersionInfo) -> DecodedRequ
     if spec.datatype == "BYTES":
         if dynamic_axis != -1 or fixed_count != 1:
             raise invalid_arg(
-                f"For BYTE datatype raw input '{spec.name}', the model must have input shape [1]"
+                f"{tag}For BYTE datatype raw input '{spec.name}', the model must have input "
+                "shape [1]"
             )
         data = memoryview(_LENGTH.pack(len(body)) + body.tobytes())
     else:
@@ -279,6 +283,8 @@ def _decode_inputs(
             data = binary[offset:offset + size]
             body_offset = binary_start + offset
             offset += size
+        elif count == 0:  # Triton reads no 'data' for a tensor of no elements
+            data, body_offset = binary[:0], -1
         else:
             data = json_tensor_bytes(item["data"], datatype, count, name)
             body_offset = -1
@@ -312,7 +318,7 @@ def _decode_datatype(value: Any, name: str) -> str:
     if not isinstance(value, str):
         raise invalid_arg(f"Unable to parse 'datatype' for input '{name}': expected a string")
     if not dtypes.is_datatype(value):
-        raise invalid_arg(f"invalid datatype '{value}' for input '{name}'")
+        raise invalid_arg(f"invalid datatype for input {name}")  # Triton's text
     return value
 
 
@@ -354,7 +360,7 @@ def _check_content_fields(name: str, has_data: bool, params: dict[str, Any]) -> 
     if len(present) != 1:
         detail = " no field is set" if not present else " set " + " ".join(present)
         raise invalid_arg(
-            f"Input '{name}' must set only one of the following fields: 'data', "
+            "Input must set only one of the following fields: 'data', "
             "'binary_data_size' in 'parameters', 'shared_memory_region' in 'parameters'. "
             f"But{detail}"
         )

@@ -7,7 +7,7 @@ input has that name, which Triton refuses) is an object whose members are read t
 errors prefixed ``Converting keyword: 'parameters': ``; ``id`` (a string) is the request id;
 every other member is a request parameter, with infer's rules for the reserved ones
 (``sequence_id``, ``priority``, ``triton_*`` ...). An input given twice is INVALID_ARG
-"input 'X' already exists in request".
+"[request id: <id>] input 'X' already exists in request".
 
 An input's value is a scalar or an array; its shape is fitted to the model's metadata shape (the
 config's ``dims``, after a ``-1`` batch dimension when the model batches), Triton's rule: with
@@ -63,7 +63,7 @@ from shoal.frontend.http.infer import read_body
 from shoal.frontend.http.json_tensors import json_tensor_bytes, json_type_error
 from shoal.frontend.http.jsonparse import parse_json_object
 from shoal.frontend.http.response import json_data
-from shoal.frontend.http.validation import validate_request
+from shoal.frontend.http.validation import request_tag, validate_request
 from shoal.frontend.infer_common import closing, prepare_request
 from shoal.messages import InferRequest, InferResponse, ModelVersionInfo, TensorRef, TensorSpec
 
@@ -153,7 +153,8 @@ def _converting(key: str, error: ShoalError) -> ShoalError:
 def _add_input(request: DecodedRequest, spec: TensorSpec, value: Any, batching: bool) -> None:
     tensor = _input_tensor(spec, value, batching)
     if any(existing.name == spec.name for existing in request.inputs):
-        raise invalid_arg(f"input '{spec.name}' already exists in request")
+        raise invalid_arg(f"{request_tag(request.client_id)}input '{spec.name}' already exists "
+                          "in request")  # Triton's core text
     request.inputs.append(tensor)
 
 

@@ -1,7 +1,8 @@
 """JSON ``data`` of an input -> the tensor's wire bytes (pure).
 
 ``data`` may be flat or nested (row-major; ragged nesting is flattened as Triton counts leaves);
-the element count must match the shape. Values must fit the datatype: integers in range for
+the element count must match the shape (for BYTES the request's validation counts them, as
+Triton's core does). Values must fit the datatype: integers in range for
 integer types (no silent wrap-around), numbers for floats (not true/false), true/false for BOOL,
 strings for BYTES (UTF-8, 4-byte-length framing). FP16 / BF16 cannot come as JSON (Triton's
 rule). A value of the wrong JSON type gets Triton's text (``json_type_error``; Triton answers
@@ -45,7 +46,7 @@ def json_tensor_bytes(data: Any, datatype: str, count: int, name: str) -> memory
     if datatype in ("FP16", "BF16"):
         raise invalid_arg(
             f"receiving {datatype} data via JSON is not supported. Please use the binary data "
-            f"format for input '{name}'"
+            f"format for input {name}"
         )
     if not isinstance(data, list):
         raise invalid_arg("Unable to parse 'data': attempt to access JSON non-array as array")
@@ -135,12 +136,9 @@ def _holds_a_bool(data: list[Any]) -> bool:
 
 
 def _json_bytes(data: list[Any], count: int, name: str) -> bytes:
+    """Framed strings. Their number is not checked against ``count`` here: Triton's core does
+    it (``validation.check_bytes_framing``, "expected N string elements ...")."""
     flat = data if all(isinstance(s, str) for s in data) else _flatten(data)
-    if len(flat) != count:
-        raise invalid_arg(
-            f"Unable to parse 'data' for input '{name}': expected {count} elements to match "
-            f"'shape', got {len(flat)}"
-        )
     parts: list[bytes] = []
     pack = _LENGTH.pack
     for element in flat:

@@ -117,7 +117,7 @@ def json_data(name: str, datatype: str, shape: list[int], data: bytes | memoryvi
     if datatype in ("FP16", "BF16"):
         raise invalid_arg(
             f"sending {datatype} data via JSON is not supported. Please use the binary data "
-            f"format for output '{name}'"
+            "format for output"  # Triton's text, which names no output
         )
     if datatype == "BYTES":
         return [item.decode("utf-8", "replace") for item in _bytes_elements(name, data, count)]

@@ -1,7 +1,10 @@
 """Checking a decoded infer request against the model's metadata, before anything is queued
 (pure). The checks and their order follow Triton's core (``InferenceRequest::Normalize``):
 requested outputs, input count and names, batch size, then per input datatype, shape and byte
-size. Every message names the field at fault and the model.
+size. Every message names the field at fault and the model. The messages Triton's core writes
+for a request start as there with the request's id, ``[request id: <id>] `` (``<id_unknown>``
+when the request has none); those Triton writes elsewhere (an unknown input or output, a
+classification of an unsupported type, a string element longer than the data) do not.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from shoal import dtypes
-from shoal.errors import invalid_arg
+from shoal.errors import ErrorCode, ShoalError, invalid_arg
 from shoal.frontend.http.codec import (
     DecodedInput,
     DecodedRequest,
@@ -32,6 +35,20 @@ _BATCH_NOTE: Final = (
     "configuration docs for more info on max_batch_size."
 )
 _LENGTH = struct.Struct("<I")
+_NO_REQUEST_ID: Final = "<id_unknown>"
+
+
+class RequestCheckError(ShoalError):
+    """INVALID_ARG from a check Triton's core makes on a request: ``validate_request`` gives
+    its message the request's id, as Triton's core does (module doc)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(ErrorCode.INVALID_ARG, message)
+
+
+def request_tag(client_id: str) -> str:
+    """The start of Triton's core messages about a request: ``[request id: <id>] ``."""
+    return f"[request id: {client_id or _NO_REQUEST_ID}] "
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +118,13 @@ def _facts(model: ModelVersionInfo) -> _ModelFacts:
 
 def validate_request(request: DecodedRequest, model: ModelVersionInfo) -> InferPlan:
     """Raises INVALID_ARG on the first problem found."""
+    try:
+        return _validate(request, model)
+    except RequestCheckError as error:
+        raise invalid_arg(request_tag(request.client_id) + error.message) from None
+
+
+def _validate(request: DecodedRequest, model: ModelVersionInfo) -> InferPlan:
     facts = _facts(model)
     outputs = _plan_outputs(request, model, facts)
     inputs = request.inputs
@@ -140,7 +164,7 @@ def _plan_outputs(request: DecodedRequest, model: ModelVersionInfo,
         if wanted.name in seen:
             # Triton 2.51 took the first and ignored the rest; Triton since core #493 (2026)
             # refuses with this text, as shoal always did
-            raise invalid_arg(f"output '{wanted.name}' already exists in request")
+            raise RequestCheckError(f"output '{wanted.name}' already exists in request")
         seen.add(wanted.name)
         spec = specs.get(wanted.name)
         if spec is None:
@@ -183,7 +207,7 @@ def check_input_names(inputs: Sequence[DecodedInput], model: ModelVersionInfo) -
     seen: set[str] = set()
     for name in names:
         if name in seen:
-            raise invalid_arg(f"input '{name}' already exists in request")  # Triton's text
+            raise RequestCheckError(f"input '{name}' already exists in request")
         seen.add(name)
     known = {spec.name for spec in model.inputs}
     for name in names:
@@ -192,7 +216,7 @@ def check_input_names(inputs: Sequence[DecodedInput], model: ModelVersionInfo) -
     required = [spec.name for spec in model.inputs if not spec.optional]
     missing = [name for name in required if name not in seen]
     if missing:
-        raise invalid_arg(_count_message(names, required, missing, model))
+        raise RequestCheckError(_count_message(names, required, missing, model))
 
 
 def _count_message(
@@ -219,23 +243,24 @@ def batch_size_of(inputs: Sequence[DecodedInput], model: ModelVersionInfo) -> in
     batch: int | None = None
     for tensor in inputs:
         if not tensor.shape:
-            raise invalid_arg(
+            raise RequestCheckError(
                 f"input '{tensor.name}' has no shape but model requires batch dimension for "
                 f"'{model.name}'"
             )
         if batch is None:
             batch = tensor.shape[0]
         elif tensor.shape[0] != batch:
-            raise invalid_arg(
+            raise RequestCheckError(
                 f"input '{tensor.name}' batch size does not match other inputs for "
                 f"'{model.name}'"
             )
     if batch is None:
         return 1
     if batch < 1:
-        raise invalid_arg(f"inference request batch-size must be >= 1 for '{model.name}'")
+        raise RequestCheckError(f"inference request batch-size must be >= 1 for "
+                                f"'{model.name}'")
     if batch > model.max_batch_size:
-        raise invalid_arg(
+        raise RequestCheckError(
             f"inference request batch-size must be <= {model.max_batch_size} for "
             f"'{model.name}'"
         )
@@ -244,7 +269,7 @@ def batch_size_of(inputs: Sequence[DecodedInput], model: ModelVersionInfo) -> in
 
 def check_datatype(tensor: DecodedInput, spec: TensorSpec, model_name: str) -> None:
     if tensor.datatype != spec.datatype:
-        raise invalid_arg(
+        raise RequestCheckError(
             f"inference input '{tensor.name}' data-type is '{tensor.datatype}', but model "
             f"'{model_name}' expects '{spec.datatype}'"
         )
@@ -260,7 +285,7 @@ def check_shape(tensor: DecodedInput, spec: TensorSpec, model: ModelVersionInfo)
     )
     if not matches:
         expected = ([-1] if batching else []) + list(spec.dims)
-        raise invalid_arg(
+        raise RequestCheckError(
             f"unexpected shape for input '{tensor.name}' for model '{model.name}'. Expected "
             f"{format_dims(expected)}, got {format_dims(tensor.shape)}. "
             + (_BATCH_NOTE if batching else "")
@@ -283,7 +308,7 @@ def check_byte_size(tensor: DecodedInput, model_name: str) -> None:
 def _check_fixed_size(tensor: DecodedInput, given: int, model_name: str) -> None:
     expected = tensor.element_count * dtypes.element_size(tensor.datatype)
     if given != expected:
-        raise invalid_arg(
+        raise RequestCheckError(
             f"input byte size mismatch for input '{tensor.name}' for model '{model_name}'. "
             f"Expected {expected}, got {given}"
         )
@@ -297,22 +322,23 @@ def check_bytes_framing(data: memoryview, count: int, name: str, model_name: str
     where = f"for inference input '{name}' for model '{model_name}'"
     while position < end:
         if end - position < 4:
-            raise invalid_arg(
+            raise RequestCheckError(
                 f"incomplete string length indicator {where}, expecting 4 bytes but only "
-                f"{end - position} bytes available"
+                f"{end - position} bytes available. Please make sure the string length "
+                "indicator is in one buffer."
             )
         (length,) = _LENGTH.unpack_from(data, position)
         position += 4
         if length > end - position:
-            raise invalid_arg(
-                f"incomplete string data {where}, expecting string of length {length} but "
-                f"only {end - position} bytes available"
+            raise invalid_arg(  # Triton's python backend says this, without the model
+                f"incomplete string data for inference input '{name}', expecting string of "
+                f"length {length} but only {end - position} bytes available"
             )
         position += length
         found += 1
         if found > count:
-            raise invalid_arg(
+            raise RequestCheckError(
                 f"unexpected number of string elements {found} {where}, expecting {count}"
             )
     if found != count:
-        raise invalid_arg(f"expected {count} string elements {where}, got {found}")
+        raise RequestCheckError(f"expected {count} string elements {where}, got {found}")

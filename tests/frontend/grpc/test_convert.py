@@ -128,8 +128,12 @@ def test_raw_contents_beyond_the_inputs_are_refused() -> None:
 
 
 def test_bad_datatype_and_negative_dims_are_named() -> None:
+    # Triton's core reads an unknown datatype as <invalid>
     fails(request(inputs=[tensor("A", "FP128", [1])], raw_input_contents=[b""]),
-          "invalid datatype 'FP128' for input 'A'")
+          "[request id: <id_unknown>] inference input 'A' data-type is '<invalid>', but model "
+          "'m' expects 'FP32'")
+    fails(request(inputs=[tensor("Z", "FP128", [1])], raw_input_contents=[b""]),
+          "unexpected inference input 'Z' for model 'm'")
     fails(request(inputs=[tensor("A", "FP32", [-1])], raw_input_contents=[b""]),
           "Unable to parse 'shape' for input 'A'")
 

@@ -123,8 +123,9 @@ def test_model_infer_errors_carry_tritons_status_and_the_http_text(
         bad.raw_input_contents.append(b"\0" * 12)
         error = await rpc_error(stub.ModelInfer(bad))
         assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert error.details().startswith("unexpected shape for input 'INPUT0' for model "
-                                          "'batched'. Expected [-1,4], got [1,3].")
+        assert error.details().startswith("[request id: <id_unknown>] unexpected shape for "
+                                          "input 'INPUT0' for model 'batched'. Expected "
+                                          "[-1,4], got [1,3].")
         error = await rpc_error(stub.ModelInfer(pb.ModelInferRequest(
             model_name="identity", model_version="7")))
         assert error.code() == grpc.StatusCode.NOT_FOUND

@@ -71,7 +71,7 @@ def test_header_length_zero_is_a_raw_request() -> None:
 def test_header_length_out_of_range_is_rejected(value: str) -> None:
     error = error_of(lambda: split_body(memoryview(b"{}ab"), value))
     assert error.code is ErrorCode.INVALID_ARG
-    assert "inference header size should be in range (0, 4]" in error.message
+    assert "inference header size should be in range (0, 4)" in error.message  # Triton's
     assert value in error.message
 
 
@@ -135,8 +135,15 @@ def test_nested_bytes_data_is_flattened() -> None:
 def test_half_precision_json_is_rejected(datatype: str) -> None:
     error = error_of(lambda: decode({"inputs": [{"name": "H", "datatype": datatype,
                                                  "shape": [1], "data": [1.0]}]}))
-    assert f"receiving {datatype} data via JSON is not supported" in error.message
-    assert "'H'" in error.message
+    assert error.message == (f"receiving {datatype} data via JSON is not supported. Please use "
+                             "the binary data format for input H")  # Triton's text
+
+
+@pytest.mark.parametrize("datatype", ["FP16", "BYTES", "FP32"])
+def test_json_data_of_no_elements_is_not_read(datatype: str) -> None:
+    request = decode({"inputs": [{"name": "Z", "datatype": datatype, "shape": [0],
+                                  "data": "anything"}]})  # Triton reads no data then
+    assert request.inputs[0].element_count == 0 and len(request.inputs[0].data) == 0
 
 
 @pytest.mark.parametrize("datatype,values", [("INT8", [128]), ("UINT8", [-1]), ("INT16", [-40000])])
@@ -173,7 +180,7 @@ def test_json_bytes_elements_must_be_strings() -> None:
                              "non-string as string")
 
 
-@pytest.mark.parametrize("datatype,data", [("FP32", [1.0, 2.0]), ("BYTES", ["a"])])
+@pytest.mark.parametrize("datatype,data", [("FP32", [1.0, 2.0])])  # BYTES: validation counts
 def test_json_element_count_must_match_the_shape(datatype: str, data: list[Any]) -> None:
     error = error_of(lambda: decode({"inputs": [{"name": "C", "datatype": datatype,
                                                  "shape": [3], "data": data}]}))
@@ -238,7 +245,7 @@ def test_json_bytes_over_the_limit_are_refused() -> None:
     ({"name": 3, "datatype": "FP32", "shape": [1], "data": [1]}, "'name'"),
     ({"name": "A", "shape": [1], "data": [1]}, "'datatype' for input 'A'"),
     ({"name": "A", "datatype": "FLOAT", "shape": [1], "data": [1]},
-     "invalid datatype 'FLOAT' for input 'A'"),
+     "invalid datatype for input A"),
     ({"name": "A", "datatype": "FP32", "shape": [1]}, "But no field is set"),
     ({"name": "A", "datatype": "FP32", "shape": [1], "data": [1],
       "parameters": {"binary_data_size": 4}}, "But set 'data' 'binary_data_size'"),

@@ -113,8 +113,9 @@ def test_the_fitting_rule() -> None:
     ({"nested": {"a": 1}}, "parameter 'nested' has invalid type"),
     ({"parameters": {"nested": {"a": 1}}}, "Converting keyword: 'parameters': parameter "
                                            "'nested' has invalid type"),
-    ({"PROMPT": "a", "parameters": {"PROMPT": "b"}}, "Converting keyword: 'parameters': input "
-                                                     "'PROMPT' already exists in request"),
+    ({"PROMPT": "a", "parameters": {"PROMPT": "b"}}, "Converting keyword: 'parameters': "
+                                                     "[request id: <id_unknown>] input 'PROMPT' "
+                                                     "already exists in request"),
 ])
 def test_bad_generate_requests_are_refused(document: dict[str, Any], text: str) -> None:
     with pytest.raises(ShoalError) as caught:
@@ -129,7 +130,8 @@ def test_bad_generate_requests_are_refused(document: dict[str, Any], text: str) 
 def test_an_input_given_twice_is_refused_in_member_order(body: bytes, name: str) -> None:
     with pytest.raises(ShoalError) as caught:
         decode_generate_request(parse_generate_body(body), TEXT)
-    assert caught.value.message == f"input '{name}' already exists in request"
+    assert caught.value.message == (f"[request id: <id_unknown>] input '{name}' already exists "
+                                    "in request")
 
 
 def test_a_parameter_given_twice_is_fine() -> None:
@@ -225,4 +227,5 @@ def test_generate_stream_errors_before_and_after_the_first_event(client: TestCli
     assert events(r.content) == [{"error": "negative value"}]
     r = client.post("/v2/models/identity/generate_stream", json={"NOPE": 1})
     assert r.status_code == 400
-    assert r.json()["error"].startswith("expected 1 inputs but got 0 inputs")
+    assert r.json()["error"].startswith("[request id: <id_unknown>] expected 1 inputs but got 0 "
+                                        "inputs")

@@ -231,7 +231,8 @@ def test_validation_error_allocates_nothing(client: TestClient, dataplane: FakeD
                                    "data": [0] * 36}]}).encode()
     response = post(client, "batched", body)
     assert response.status_code == 400
-    assert response.json() == {"error": "inference request batch-size must be <= 8 for 'batched'"}
+    assert response.json() == {"error": "[request id: <id_unknown>] inference request batch-size "
+                                        "must be <= 8 for 'batched'"}
     assert dataplane.allocations == 0 and dataplane.requests == []
 
 

@@ -36,6 +36,17 @@ def error_of(request: DecodedRequest, model: ModelVersionInfo) -> str:
     return info.value.message
 
 
+NO_ID_TAG = "[request id: <id_unknown>] "
+
+
+def core_error_of(request: DecodedRequest, model: ModelVersionInfo) -> str:
+    """A message of one of Triton's core checks: it starts with the request's id, as there
+    (``<id_unknown>`` without one); returned without it."""
+    message = error_of(request, model)
+    assert message.startswith(NO_ID_TAG), message
+    return message[len(NO_ID_TAG):]
+
+
 THREE = make_model("input_all_required", [TensorSpec(f"INPUT{i}", "FP32", [4]) for i in range(3)])
 OPTIONAL = make_model("input_optional", [
     *[TensorSpec(f"INPUT{i}", "FP32", [4]) for i in range(3)],
@@ -53,7 +64,7 @@ def test_a_well_formed_request_passes_with_its_plan() -> None:
 
 
 def test_missing_inputs_are_listed_as_triton_does() -> None:
-    message = error_of(DecodedRequest([]), THREE)
+    message = core_error_of(DecodedRequest([]), THREE)
     assert message == (
         "expected 3 inputs but got 0 inputs for model 'input_all_required'. Got input(s) [], "
         "but missing required input(s) ['INPUT0','INPUT1','INPUT2']. Please provide all "
@@ -61,7 +72,7 @@ def test_missing_inputs_are_listed_as_triton_does() -> None:
 
 
 def test_missing_inputs_with_optional_ones_give_the_range() -> None:
-    message = error_of(DecodedRequest([tensor("INPUT1", "FP32", [4])]), OPTIONAL)
+    message = core_error_of(DecodedRequest([tensor("INPUT1", "FP32", [4])]), OPTIONAL)
     assert message.startswith("expected number of inputs between 3 and 4 but got 1 inputs for "
                               "model 'input_optional'. Got input(s) ['INPUT1'], but missing "
                               "required input(s) ['INPUT0','INPUT2']")
@@ -80,19 +91,20 @@ def test_unknown_input_is_named() -> None:
 
 def test_duplicate_input_is_named() -> None:
     inputs = [tensor("INPUT0", "FP32", [4])] * 2 + [tensor("INPUT1", "FP32", [4])]
-    assert error_of(DecodedRequest(inputs), THREE) == "input 'INPUT0' already exists in request"
+    assert core_error_of(DecodedRequest(inputs), THREE) == \
+        "input 'INPUT0' already exists in request"
 
 
 def test_datatype_must_equal_the_config() -> None:
     request = DecodedRequest([tensor("A", "INT32", [1, 1, 4]), tensor("B", "INT32", [1, 2])])
-    assert error_of(request, BATCHED) == \
+    assert core_error_of(request, BATCHED) == \
         "inference input 'A' data-type is 'INT32', but model 'batched' expects 'FP32'"
 
 
 @pytest.mark.parametrize("shape", [[1, 4], [1, 2, 5], [1, 2, 4, 1]])
 def test_shape_must_match_dims_with_wildcards(shape: list[int]) -> None:
     request = DecodedRequest([tensor("A", "FP32", shape), tensor("B", "INT32", [1, 2])])
-    message = error_of(request, BATCHED)
+    message = core_error_of(request, BATCHED)
     assert message.startswith(f"unexpected shape for input 'A' for model 'batched'. Expected "
                               f"[-1,-1,4], got [{','.join(map(str, shape))}].")
     assert "max_batch_size" in message
@@ -106,7 +118,8 @@ def test_shape_mismatch_without_batching_has_no_batch_note() -> None:
 
 def test_batch_over_max_batch_size() -> None:
     request = DecodedRequest([tensor("A", "FP32", [9, 1, 4]), tensor("B", "INT32", [9, 2])])
-    assert error_of(request, BATCHED) == "inference request batch-size must be <= 8 for 'batched'"
+    assert core_error_of(request, BATCHED) == \
+        "inference request batch-size must be <= 8 for 'batched'"
 
 
 def test_batch_of_zero_is_rejected() -> None:
@@ -116,7 +129,7 @@ def test_batch_of_zero_is_rejected() -> None:
 
 def test_inputs_must_share_the_batch_size() -> None:
     request = DecodedRequest([tensor("A", "FP32", [2, 1, 4]), tensor("B", "INT32", [3, 2])])
-    assert error_of(request, BATCHED) == \
+    assert core_error_of(request, BATCHED) == \
         "input 'B' batch size does not match other inputs for 'batched'"
 
 
@@ -129,7 +142,7 @@ def test_batching_model_needs_a_batch_dimension() -> None:
 def test_byte_size_must_equal_the_shape() -> None:
     model = make_model("pt_identity", [TensorSpec("INPUT0", "FP32", [8])], max_batch_size=4)
     request = DecodedRequest([tensor("INPUT0", "FP32", [1, 8], b"\0" * 40)])
-    assert error_of(request, model) == \
+    assert core_error_of(request, model) == \
         "input byte size mismatch for input 'INPUT0' for model 'pt_identity'. Expected 32, got 40"
 
 
@@ -192,7 +205,7 @@ def test_unknown_output_is_named() -> None:
 
 def test_duplicate_output_is_rejected() -> None:
     request = _request_with_outputs(OutputRequest("OUTPUT0"), OutputRequest("OUTPUT0"))
-    assert error_of(request, THREE) == \
+    assert core_error_of(request, THREE) == \
         "output 'OUTPUT0' already exists in request"
 
 
@@ -235,9 +248,9 @@ def test_repeated_requests_meet_the_same_checks_as_the_first() -> None:
     for _ in range(2):
         assert [o.name for o in validate_request(good, THREE).outputs] == \
             ["OUTPUT0", "OUTPUT1", "OUTPUT2"]
-        assert error_of(duplicate, THREE) == \
+        assert core_error_of(duplicate, THREE) == \
             "input 'INPUT0' already exists in request"
-        assert error_of(wrong_shape, THREE).startswith(
+        assert core_error_of(wrong_shape, THREE).startswith(
             "unexpected shape for input 'INPUT1' for model 'input_all_required'. Expected [4], "
             "got [5]. ")
         assert not validate_request(DecodedRequest([tensor("X", "FP16", [2])]),
@@ -278,3 +291,12 @@ def test_an_output_with_parameters_keeps_its_own_plan() -> None:
     assert plan.outputs[0].parameters == {"k": 1}
     assert validate_request(_request_with_outputs(OutputRequest("OUTPUT0", binary=True)),
                             THREE).outputs[0].parameters == {}
+
+
+def test_core_messages_name_the_request_id() -> None:
+    inputs = [tensor("INPUT0", "FP32", [4])] * 2 + [tensor("INPUT1", "FP32", [4])]
+    assert error_of(DecodedRequest(inputs, client_id="42"), THREE) == \
+        "[request id: 42] input 'INPUT0' already exists in request"
+    unknown = [tensor("NOPE", "FP32", [4])]  # Triton writes this one without the id
+    assert error_of(DecodedRequest(unknown, client_id="42"), THREE) == \
+        "unexpected inference input 'NOPE' for model 'input_all_required'"
