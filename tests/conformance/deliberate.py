@@ -100,6 +100,38 @@ def _without_parameters(a: Answer) -> Answer:
     return masked
 
 
+def _without_failure_texts(a: Answer) -> Answer:
+    """Error texts, and the reasons of index entries whose load failed, replaced."""
+    masked = _without_error_text(a)
+
+    def fix(entries: Any) -> Any:
+        if not isinstance(entries, list):
+            return entries
+        return [{**e, "reason": "<text>"} if isinstance(e, dict) and "reason" in e
+                and e["reason"] != "unloaded" else e for e in entries]
+    if isinstance(masked.get("body"), list):
+        masked["body"] = fix(masked["body"])
+    if isinstance(masked.get("reply"), dict) and "models" in masked["reply"]:
+        masked["reply"] = {**masked["reply"], "models": fix(masked["reply"]["models"])}
+    return masked
+
+
+def _unloading_as_unloaded(a: Answer) -> Answer:
+    """Index entries of a version Triton is still unloading read as shoal's unloaded ones."""
+    def fix(entries: Any) -> Any:
+        if not isinstance(entries, list):
+            return entries
+        return [{**e, "state": "UNAVAILABLE", "reason": "unloaded"}
+                if isinstance(e, dict) and e.get("state") == "UNLOADING" else e
+                for e in entries]
+    masked = _without_media_type(a)
+    if "body" in masked:
+        masked["body"] = fix(masked["body"])
+    if isinstance(masked.get("reply"), dict) and "models" in masked["reply"]:
+        masked["reply"] = {**masked["reply"], "models": fix(masked["reply"]["models"])}
+    return masked
+
+
 def _strip_version(a: Answer) -> Answer:
     masked = _without_media_type(a)
     body = masked.get("body") or masked.get("reply")
@@ -111,13 +143,57 @@ def _strip_version(a: Answer) -> Answer:
 
 DIFFERENCES: tuple[Difference, ...] = (
     Difference(
+        key="never-loaded-series",
+        summary="A model whose load failed (no version ever loaded) has no metric series; "
+                "Triton 2.51 exports its four `nv_inference_request_failure` series at 0",
+        why="series of a model that never served say nothing and would pile up for every "
+            "failed name; a model that loaded keeps its series",
+        cases=("metrics:never-loaded",),
+        triton=lambda a: bool(a.get("series")) and not any(a["series"].values()),
+        shoal=lambda a: not a.get("series"),
+        mask=lambda a: {},
+    ),
+    Difference(
+        key="unload-waits",
+        summary="An unload answers once the model is unloaded: the index then shows it "
+                "UNAVAILABLE (`unloaded`); Triton answers at once and shows it UNLOADING for a "
+                "while (seconds, for a python model)",
+        why="a client that unloads and then loads or checks the index sees a settled state",
+        cases=("control:index/*", "control:grpc/index/*"),
+        triton=lambda a: "UNLOADING" in str(a),
+        shoal=lambda a: "UNLOADING" not in str(a),
+        mask=_unloading_as_unloaded,
+    ),
+    Difference(
+        key="shm-mistake-400",
+        summary="Registering a region whose key does not exist or that does not fit its "
+                "object, and an output region too small for the output, are 400s with the "
+                "region, key and sizes named; Triton answers 500",
+        why="the mistake is the client's (see client-mistake-400); the server is fine",
+        cases=("shm:register/missing-key", "shm:register/too-big",
+               "shm:infer/output-region-too-small"),
+        triton=status(500),
+        shoal=status(400),
+    ),
+    Difference(
+        key="shm-region-names-tensor",
+        summary="`Unable to find shared memory region: 'R'` goes on to name the input or "
+                "output that used it (`(used by input 'INPUT0')`)",
+        why="a request can name several regions; Triton's text is kept as the prefix, so "
+                "clients matching it still match",
+        cases=("shm:infer/unregistered-region", "shm:infer/after-unregister"),
+        triton=both(status(404), error_contains("Unable to find shared memory region")),
+        shoal=both(status(404), error_contains("(used by ")),
+    ),
+    Difference(
         key="media-type",
         summary="Error bodies are labelled `application/json` (Triton labels some of them, and "
                 "empty 200 bodies, `text/plain`); empty bodies carry no content type",
         why="the body is JSON; clients parse it either way, and tritonclient ignores the label",
-        cases=("http:*",),
-        triton=lambda a: a.get("media_type") == "text/plain",
-        shoal=lambda a: a.get("media_type") in ("application/json", ""),
+        cases=("http:*", "control:*", "shm:*"),
+        triton=lambda a: a.get("media_type") in ("text/plain", "application/json"),
+        shoal=lambda a: a.get("media_type") in ("application/json", "")
+        and (a.get("media_type") == "application/json") == (a.get("body") is not None),
         mask=_without_media_type,
     ),
     Difference(
@@ -151,11 +227,12 @@ DIFFERENCES: tuple[Difference, ...] = (
                 "traceback's file paths (`At: /path/model.py(3): execute`)",
         why="the client must not learn the server's file layout; the traceback is in the "
             "server's log",
-        cases=("http:infer/raises/*", "grpc:infer/raises"),
-        triton=error_contains("\n\nAt:\n"),
-        shoal=lambda a: "\n\nAt:\n" not in error_text(a)
-        and "execute blew up" in error_text(a),
-        mask=lambda a: _without_error_text(_without_media_type(a)),
+        cases=("http:infer/raises/*", "grpc:infer/raises", "control:load/fails_to_load",
+               "control:grpc/load/fails_to_load", "control:index/*", "control:grpc/index/*"),
+        triton=lambda a: "\n\nAt:\n" in str(a) or "\\n\\nAt:\\n" in str(a),
+        shoal=lambda a: "At:" not in str(a)
+        and ("execute blew up" in str(a) or "this model never loads" in str(a)),
+        mask=lambda a: _without_failure_texts(_without_media_type(a)),
     ),
     Difference(
         key="fp32-json-text",
