@@ -84,14 +84,24 @@ def encode_infer_response(
 def stream_error(
     message: str, *, client_id: str, model_name: str, model_version: str, final: bool = True
 ) -> Any:
-    """An in-band stream error: ``error_message`` plus the request's id (so the client knows
-    which request failed) and ``triton_final_response``."""
+    """An in-band error response of the model (Triton's stream handler): ``error_message``, the
+    request's id, model name and model version (as the request gave them) and
+    ``triton_final_response``."""
     reply = pb.ModelStreamInferResponse(error_message=message)
     infer_response = reply.infer_response
     infer_response.id = client_id
     infer_response.model_name = model_name
     infer_response.model_version = model_version
     infer_response.parameters[FINAL_RESPONSE].bool_param = final
+    return reply
+
+
+def stream_refusal(message: str, *, client_id: str) -> Any:
+    """An in-band error for a request refused before it was issued (unknown model, invalid
+    input): Triton's stream handler sends ``error_message`` and the request's id only, without
+    ``triton_final_response``."""
+    reply = pb.ModelStreamInferResponse(error_message=message)
+    reply.infer_response.id = client_id
     return reply
 
 

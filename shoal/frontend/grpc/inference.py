@@ -41,7 +41,12 @@ from tritonclient.grpc import service_pb2 as pb
 
 from shoal.errors import ShoalError, unsupported
 from shoal.frontend.grpc.convert import DecodedGrpcRequest, decode_model_infer_request
-from shoal.frontend.grpc.encode import encode_infer_response, stream_error, stream_reply
+from shoal.frontend.grpc.encode import (
+    encode_infer_response,
+    stream_error,
+    stream_refusal,
+    stream_reply,
+)
 from shoal.frontend.grpc.status import INTERNAL_ERROR_MESSAGE
 from shoal.frontend.grpc.wire import InferRequestWire, wire_request
 from shoal.frontend.http.validation import validate_request
@@ -218,7 +223,7 @@ class StreamSession:
                 return
             if model is None:
                 assert error is not None
-                reply = self._error(message, error.message)
+                reply = self._refusal(message, error.message)
             else:
                 reply = await self._answer_once(request, model, trace)
             assert turn is not None
@@ -235,9 +240,13 @@ class StreamSession:
 
     async def _answer_once(self, request: InferRequestWire, model: ModelVersionInfo,
                            trace: RequestTrace | None = None) -> Any:
-        """The serialized answer, or an in-band error message."""
+        """The serialized answer, or an in-band error message (a refusal before the request is
+        issued, or the error response it got)."""
         try:
             call = self._inference.start(request, model, trace)
+        except ShoalError as error:
+            return self._refusal(request.message, error.message)
+        try:
             outcome = await self._inference.infer(call, trace)
             return self._inference.encode(call, outcome, final=True)
         except ShoalError as error:
@@ -247,27 +256,32 @@ class StreamSession:
                                trace: RequestTrace | None = None) -> None:
         try:
             call = self._inference.start(request, model, trace)
+        except ShoalError as error:
+            await self._write(self._refusal(request.message, error.message))
+            return
+        try:
             prepared = call.prepared
             answers = (self._inference.dataplane.infer_stream(prepared.request, prepared.slots)
                        if trace is None else self._inference.dataplane.infer_stream(
                            prepared.request, prepared.slots, trace=trace))
             async with closing(answers):
                 async for outcome in answers:
-                    reply = self._decoupled_reply(call, outcome)
+                    reply = self._decoupled_reply(call, outcome, request.message.model_version)
                     if reply is not None:
                         await self._write(reply, trace if outcome.response.final else None)
-        except ShoalError as error:
-            await self._write(self._error(request.message, error.message))
+        except ShoalError as error:  # the DataPlane refused to issue it (admission)
+            await self._write(self._refusal(request.message, error.message))
 
-    def _decoupled_reply(self, call: _Call, outcome: InferOutcome) -> Any:
+    def _decoupled_reply(self, call: _Call, outcome: InferOutcome, asked_version: str) -> Any:
         """The message for one answer of a decoupled model; None for a flags-only final the
-        client did not ask to see."""
+        client did not ask to see. An error response and the empty final carry the version as
+        the request gave it (``asked_version``), as Triton's."""
         response = outcome.response
         if response.error is None and not response.empty:
             return self._inference.encode(call, outcome, final=response.final)
         self._inference.dataplane.release(response.lease)
         client_id = call.decoded.request.client_id
-        version = str(response.model_version or outcome.model.version)
+        version = asked_version
         if response.error is not None:
             return stream_error(response.error.message, client_id=client_id,
                                 model_name=call.model.name, model_version=version,
@@ -282,6 +296,10 @@ class StreamSession:
     def _error(message: Any, text: str) -> Any:
         return stream_error(text, client_id=message.id, model_name=message.model_name,
                             model_version=message.model_version)
+
+    @staticmethod
+    def _refusal(message: Any, text: str) -> Any:
+        return stream_refusal(text, client_id=message.id)
 
     async def _write_in_turn(self, turn: _Turn, reply: Any,
                              trace: RequestTrace | None = None) -> None:

@@ -140,6 +140,9 @@ def _validate(request: DecodedRequest, model: ModelVersionInfo) -> InferPlan:
         check_datatype(tensor, spec, model.name)
         check_shape(tensor, spec, model)
         check_byte_size(tensor, model.name)
+    if batch_size < 1:  # shoal's check, after Triton's (whose shape error comes first)
+        raise RequestCheckError(f"inference request batch-size must be >= 1 for "
+                                f"'{model.name}'")
     return InferPlan(batch_size, outputs, bool(request.outputs), request.binary_output_default)
 
 
@@ -237,7 +240,8 @@ def _count_message(
 
 
 def batch_size_of(inputs: Sequence[DecodedInput], model: ModelVersionInfo) -> int:
-    """The shared leading dim when the model batches (max_batch_size > 0), else 1."""
+    """The shared leading dim when the model batches (max_batch_size > 0), else 1; 0 is
+    refused by ``validate_request`` once the inputs' own checks passed."""
     if model.max_batch_size <= 0:
         return 1
     batch: int | None = None
@@ -256,9 +260,6 @@ def batch_size_of(inputs: Sequence[DecodedInput], model: ModelVersionInfo) -> in
             )
     if batch is None:
         return 1
-    if batch < 1:
-        raise RequestCheckError(f"inference request batch-size must be >= 1 for "
-                                f"'{model.name}'")
     if batch > model.max_batch_size:
         raise RequestCheckError(
             f"inference request batch-size must be <= {model.max_batch_size} for "

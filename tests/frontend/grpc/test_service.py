@@ -229,8 +229,9 @@ def test_stream_sends_the_empty_final_response_only_when_asked(
         assert [(m.infer_response.id, final_flag(m)) for m in messages] == [
             ("asks", False), ("asks", True)]
         empty = messages[1].infer_response
+        # Triton's: the model name and version as the request gave them (no version here)
         assert (empty.model_name, empty.model_version, len(empty.outputs)) == (
-            "decoupled", "1", 0)
+            "decoupled", "", 0)
 
     serve(dataplane, test)
 
@@ -243,15 +244,19 @@ def test_stream_errors_are_in_band_and_the_stream_stays_open(
         await call.write(infer_request("identity", [1.0], "bad", triton_x="1"))
         await call.write(infer_request("decoupled", [4.0, -1.0], "fails"))
         first = await collect(call, 2)
-        assert [(m.infer_response.id, m.error_message, final_flag(m)) for m in first] == [
-            ("unknown", "Request for unknown model: 'nope' is not found", True),
+        # refused before they were issued: Triton sends the error and the id only (no
+        # triton_final_response, no model name)
+        assert [(m.infer_response.id, m.error_message, m.infer_response.model_name,
+                 "triton_final_response" in m.infer_response.parameters) for m in first] == [
+            ("unknown", "Request for unknown model: 'nope' is not found", "", False),
             ("bad", "parameter keys starting with 'triton_' are reserved for Triton usage. "
                     "Only the following keys starting with 'triton_' are allowed: "
-                    "triton_enable_empty_final_response", True)]
+                    "triton_enable_empty_final_response", "", False)]
         failing = await collect(call, 2)
         assert [(values_of(failing[0]), final_flag(failing[0]))] == [([4.0], False)]
         assert (failing[1].infer_response.id, failing[1].error_message,
-                final_flag(failing[1])) == ("fails", "negative value", True)
+                failing[1].infer_response.model_name, final_flag(failing[1])) == (
+            "fails", "negative value", "decoupled", True)  # an error response of the model
         await call.write(infer_request("identity", [5.0], "after"))  # still open
         (after,) = await collect(call, 1)
         assert (after.infer_response.id, values_of(after)) == ("after", [5.0])

@@ -300,3 +300,12 @@ def test_core_messages_name_the_request_id() -> None:
     unknown = [tensor("NOPE", "FP32", [4])]  # Triton writes this one without the id
     assert error_of(DecodedRequest(unknown, client_id="42"), THREE) == \
         "unexpected inference input 'NOPE' for model 'input_all_required'"
+
+
+def test_an_empty_batch_is_refused_after_the_shape_check_as_in_triton() -> None:
+    no_batch_dim = DecodedRequest([tensor("A", "FP32", [0]), tensor("B", "INT32", [0])])
+    assert core_error_of(no_batch_dim, BATCHED).startswith(
+        "unexpected shape for input 'A' for model 'batched'. Expected [-1,-1,4], got [0]. ")
+    empty = DecodedRequest([tensor("A", "FP32", [0, 1, 4]), tensor("B", "INT32", [0, 2])])
+    assert core_error_of(empty, BATCHED) == "inference request batch-size must be >= 1 for " \
+        "'batched'"
