@@ -16,7 +16,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from shoal import dtypes
+from shoal import correlation_ids, dtypes
 from shoal.errors import ShoalError, invalid_arg, unsupported
 from shoal.frontend.http.json_tensors import json_tensor_bytes
 from shoal.frontend.http.jsonparse import parse_json_object
@@ -30,7 +30,6 @@ from shoal.frontend.shm_params import (
 from shoal.messages import ModelVersionInfo, Params, ParamValue
 
 UINT64_MAX: Final = (1 << 64) - 1
-MAX_STRING_CORRELATION_ID: Final = 128  # bytes of a string sequence_id (Triton's limit)
 SEQUENCE_START: Final = 1
 SEQUENCE_END: Final = 2
 _RAW_REQUEST_TAG: Final = "[request id: <id_unknown>] "  # validation.request_tag("")
@@ -168,13 +167,13 @@ def decode_raw_request(body: memoryview, model: ModelVersionInfo) -> DecodedRequ
 
 
 def string_correlation_id(value: str) -> str:
-    """A string ``sequence_id`` as the request's correlation id, over HTTP and gRPC alike:
-    at most ``MAX_STRING_CORRELATION_ID`` characters, else Triton's UNSUPPORTED (501) for any
-    model (Triton's limit counts the UTF-8 bytes). The sequence batcher gives it to a CORRID
-    control of any data type (``broker/schedulers/sequence/controls.py``)."""
-    if len(value.encode()) > MAX_STRING_CORRELATION_ID:
-        raise unsupported(f"string correlation ID cannot be longer than "
-                          f"{MAX_STRING_CORRELATION_ID} characters")
+    """A string ``sequence_id`` as the request's correlation id, over HTTP and gRPC alike,
+    within ``shoal.correlation_ids``' limit (else UNSUPPORTED, 501, for any model). The sequence
+    batcher gives it to a CORRID control of any data type
+    (``broker/schedulers/sequence/controls.py``)."""
+    message = correlation_ids.too_long_message(value)
+    if message is not None:
+        raise unsupported(message)
     return value
 
 

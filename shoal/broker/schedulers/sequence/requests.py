@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
+from shoal import correlation_ids
 from shoal.broker.schedulers.base import QueuedRequest, Rejection
 from shoal.broker.schedulers.sequence.config import SequenceBatcherConfig
 from shoal.errors import ErrorCode
@@ -16,7 +17,6 @@ CorrelationId = int | str
 
 SEQUENCE_START: Final = 1
 SEQUENCE_END: Final = 2
-MAX_STRING_ID_BYTES: Final = 128
 _MAX_UINT64: Final = (1 << 64) - 1
 
 BACKLOG_TIMEOUT_MESSAGE: Final = "timeout of the corresponding sequence has been expired"
@@ -65,9 +65,10 @@ def check_request(config: SequenceBatcherConfig, request: SequenceRequest) -> Re
     if isinstance(correlation_id, int) and not 0 <= correlation_id <= _MAX_UINT64:
         return _invalid(request, f"sequence_id for model '{model}' must be an unsigned 64-bit "
                                  "integer or a string")
-    if isinstance(correlation_id, str) and len(correlation_id.encode()) > MAX_STRING_ID_BYTES:
-        return Rejection(request, ErrorCode.UNSUPPORTED, "string correlation ID cannot be "
-                         f"longer than {MAX_STRING_ID_BYTES} characters")
+    too_long = (correlation_ids.too_long_message(correlation_id)
+                if isinstance(correlation_id, str) else None)
+    if too_long is not None:
+        return Rejection(request, ErrorCode.UNSUPPORTED, too_long)
     corrid = config.controls.corrid
     if (corrid is not None and corrid.data_type == "BYTES" and isinstance(correlation_id, int)
             and correlation_id != 0):
