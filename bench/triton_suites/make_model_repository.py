@@ -7,8 +7,8 @@ These stand-ins have the same names, tensor names, datatypes and dims, and compu
 example clients check (add/sub; identity; the sequence arithmetic the clients expect), with
 numpy only, so both shoal and a python-backend-only tritonserver can serve them.
 
-Usage: python bench/triton_suites/make_model_repository.py [OUT_DIR]
-(default: bench/triton_suites/model_repository next to this file).
+bench/triton_suites/run.py writes them into its work folder; by hand:
+python bench/triton_suites/make_model_repository.py OUT_DIR
 """
 
 from __future__ import annotations
@@ -176,6 +176,8 @@ def build(root: Path) -> None:
 
 
 if __name__ == "__main__":
-    out = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parent / "model_repository"
+    if len(sys.argv) != 2:
+        sys.exit("usage: make_model_repository.py OUT_DIR")
+    out = Path(sys.argv[1])
     build(out)
     print(f"wrote {out}")

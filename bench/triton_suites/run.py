@@ -30,9 +30,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SHOAL = HERE.parents[1] / ".venv" / "bin" / "shoal"
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(ROOT))  # run as a script: bench.* from the checkout
+
+from bench import tritonserver  # noqa: E402
+from bench.triton_suites import make_model_repository  # noqa: E402
+
+SHOAL = ROOT / ".venv" / "bin" / "shoal"
 PYTHON = sys.executable
-TRITON = Path("/work/triton/run_triton.sh")
 
 
 @dataclass
@@ -76,11 +81,17 @@ class Server:
     def __init__(self, ctx: Ctx, repo: Path, log: Path, flags: list[str]) -> None:
         self.ctx, self.repo, self.log, self.flags = ctx, repo, log, flags
         self.proc: subprocess.Popen[bytes] | None = None
+        self._segments_before = tritonserver.backend_segments()
 
     def __enter__(self) -> Server:
+        env = None
         if self.ctx.args.against == "triton":
-            cmd = [str(TRITON), str(self.repo), "8000", "8001", "8002",
-                   "--exit-on-error=false", *self.flags]
+            reason = tritonserver.unavailable_reason()
+            if reason is not None:
+                raise RuntimeError(reason)
+            cmd, env = tritonserver.command([self.repo], self.log.parent / "triton", 8000, 8001,
+                                            8002, address="0.0.0.0",
+                                            extra_args=["--exit-on-error=false", *self.flags])
         else:
             cmd = [str(SHOAL), "serve", "--model-repository", str(self.repo),
                    "--http-port", "8000", "--grpc-port", "8001", "--metrics-port", "8002",
@@ -88,7 +99,7 @@ class Server:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         out = self.log.open("wb")
         self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+                                     start_new_session=True, env=env)
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -111,6 +122,7 @@ class Server:
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
+        tritonserver.remove_backend_segments(self._segments_before)
         time.sleep(1)
 
 
@@ -325,7 +337,7 @@ def _client_repo(ctx: Ctx, with_repeat: bool = True) -> Path:
     the model-control examples count exactly the seven ``simple*`` models)."""
     repo = ctx.work / "client_examples" / "models"
     shutil.rmtree(repo, ignore_errors=True)
-    shutil.copytree(HERE / "model_repository", repo)
+    make_model_repository.build(repo)
     if with_repeat:
         ex = ctx.pb_tree / "examples" / "decoupled"
         _copy_model(ex / "repeat_model.py", ex / "repeat_config.pbtxt", repo, "repeat_int32")

@@ -1,0 +1,1 @@
+"""Triton's own examples and QA tests, run unchanged against shoal (run.py)."""
