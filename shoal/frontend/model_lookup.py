@@ -49,7 +49,12 @@ def parse_version(text: str | None) -> int | None:
     end = digits_from
     while end < len(body) and "0" <= body[end] <= "9":
         end += 1
-    value = int(body[:end]) if end > digits_from else None
+    # read without the leading zeros; past 19 digits the value is outside int64 whatever they
+    # are: refused before int(), which refuses over 4300 digits with an error of its own
+    digits = body[digits_from:end].lstrip("0") or "0"
+    value = None
+    if end > digits_from and len(digits) <= 19:
+        value = -int(digits) if body[:1] == "-" else int(digits)
     if value is None or not _INT64_MIN <= value <= _INT64_MAX:
         raise invalid_arg(
             f"failed to get model version from specified version string '{text}' (details: "

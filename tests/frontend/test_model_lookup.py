@@ -102,3 +102,24 @@ def test_statistics_texts() -> None:
     model_lookup.check_stats_target([1], "m", -1)
     assert model_lookup.stats_version("") == -1
     assert model_lookup.stats_version("3") == 3
+
+
+@pytest.mark.parametrize("text", ["1" * 5000, "+" + "9" * 4301, "-" + "1" * 4400,
+                                  " " + "12345678901234567890" + "x"])
+def test_a_version_string_of_thousands_of_digits_is_the_stol_error(text: str) -> None:
+    """Not Python's int() limit of 4300 digits (a ValueError, an INTERNAL answer)."""
+    with pytest.raises(ShoalError) as caught:
+        model_lookup.parse_version(text)
+    assert caught.value.code is ErrorCode.INVALID_ARG
+    assert caught.value.message == (
+        f"failed to get model version from specified version string '{text}' (details: stol), "
+        "version should be an integral value > 0")
+
+
+@pytest.mark.parametrize("text,version", [
+    ("0" * 5000 + "7", 7), ("-" + "0" * 5000, 0), ("0" * 5000 + "9223372036854775807",
+                                                     (1 << 63) - 1),
+])
+def test_leading_zeros_of_any_length_are_read_as_stol_reads_them(text: str,
+                                                                 version: int) -> None:
+    assert model_lookup.parse_version(text) == version
