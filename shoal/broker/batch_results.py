@@ -25,7 +25,6 @@ def batch_outcomes(runtime: ModelVersionRuntime, keys: list[RequestKey], rows: i
     by_exec = {r.request_id: r for r in message.results}
     stats, timings = runtime.stats, message.timings
     stats.record_execution(rows, timings)
-    stats.record_compute(timings, early_successes)
     outcomes: list[Outcome] = []
     succeeded: list[int] = []  # durations, recorded at once
     queued: list[int] = []
@@ -65,7 +64,7 @@ def batch_outcomes(runtime: ModelVersionRuntime, keys: list[RequestKey], rows: i
             response = with_stamps(response, pending)
         outcomes.append((key, pending.frontend, response))
     stats.record_successes(succeeded, queued, succeeded_rows)
-    stats.record_compute(timings, len(succeeded))
+    stats.record_compute(timings, early_successes + len(succeeded))
     return outcomes
 
 

@@ -118,10 +118,6 @@ class ModelVersionStats:
         if misses:
             self.cache_miss.add(miss_ns, misses)
 
-    def record_execution(self, rows: int, timings: BatchTimings) -> None:
-        """One execution of ``rows`` batch rows, whatever became of its requests."""
-        self._count_execution(rows, timings)
-
     def record_compute(self, timings: BatchTimings, requests: int = 1) -> None:
         """The compute durations of ``requests`` successful requests of one execution (each
         carries the execution's durations, Triton's rule)."""
@@ -148,7 +144,7 @@ class ModelVersionStats:
         self.compute_infer.add(compute.compute_infer_ns)
         self.compute_output.add(compute.compute_output_ns)
         self._count_compute_parts(compute, 1)
-        self._count_execution(max(1, batch_size), compute)
+        self.record_execution(max(1, batch_size), compute)
         self.inference_count += max(1, batch_size)
 
     def record_success(self, ns: int, queue_ns: int, rows: int) -> None:
@@ -188,7 +184,8 @@ class ModelVersionStats:
         self.compute_infer_latency.add(timings.compute_infer_ns, requests)
         self.compute_output_latency.add(timings.compute_output_ns, requests)
 
-    def _count_execution(self, rows: int, timings: BatchTimings) -> None:
+    def record_execution(self, rows: int, timings: BatchTimings) -> None:
+        """One execution of ``rows`` batch rows, whatever became of its requests."""
         self.execution_count += 1
         self.last_inference_ms = int(time.time() * 1000)
         acc = self.batches.setdefault(rows, _BatchAcc())
