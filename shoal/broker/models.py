@@ -160,7 +160,7 @@ class ModelManager:
             record = self.records[name] = ModelRecord(name)
         return record
 
-    def forget_if_unknown(self, name: str) -> bool:
+    def forget_if_unknown(self, name: str) -> None:
         """Drop the record of ``name`` when it is not a model: not in the repository, and
         nothing of it left (no command, no generation, no version shown, not wanted, not
         needed by another model's load). What a load of a missing name or an unload of an
@@ -169,13 +169,12 @@ class ModelManager:
         record = self.records.get(name)
         if (record is None or name in self.repository_models or record.busy or record.commands
                 or record.generations() or record.retired or record.wanted):
-            return False
+            return
         for other in self.records.values():
             if name in other.loaded_with or (
                     other.loading is not None and name in other.loading.dependencies):
-                return False
+                return
         del self.records[name]
-        return True
 
     def read_source(self, name: str, command: LoadCommand, model_dir: str | None) -> SourceRead:
         """Load thread: check the request, write its overrides (if any) to a private directory,

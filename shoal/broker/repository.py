@@ -193,8 +193,6 @@ def load_model_source(name: str, model_dir: str, repository: str, *,
                                 default_max_batch_size=default_max_batch_size,
                                 gpu_count=gpu_count, auto_complete=auto_complete,
                                 disable_auto_complete=disable_auto_complete)
-    except SourceError:
-        raise
     except ShoalError as exc:
         raise SourceError(exc.code, exc.message, policy_versions(available, config)) from None
 

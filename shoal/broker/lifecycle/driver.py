@@ -134,8 +134,8 @@ class LifecycleDriver:
             else:
                 record.busy = True
                 self._read_in_thread(record.name, command)
-        if self.models.forget_if_unknown(record.name):  # a name tried, not a model
-            self.dirty = True
+        # a name tried, not a model (it is in no snapshot: nothing to publish)
+        self.models.forget_if_unknown(record.name)
 
     def _read_in_thread(self, name: str, command: LoadCommand) -> None:
         def read() -> None:
