@@ -22,14 +22,15 @@ Mappings of objects their client has unlinked pin that memory; they are closed a
 attach and by ``drop_unlinked``, which the worker calls between batches, so an unregistered
 and removed object is unmapped here about a second later at most (no message needed from the
 frontend or broker: the link count is the truth). Messages name the tensor, never the object's
-key. Single-threaded per instance unless the caller serializes (the worker holds its output
-lock when writing).
+key. Thread-safe: every call holds the instance's lock (the worker maps inputs from its main
+thread while a decoupled model's outputs are written from others).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections import OrderedDict
 
 from shoal.errors import invalid_arg
@@ -44,9 +45,11 @@ class ClientRegions:
     def __init__(self, max_regions: int = 64) -> None:
         self._segments: OrderedDict[_Key, Segment] = OrderedDict()
         self._max = max_regions
+        self._lock = threading.Lock()
 
     def __len__(self) -> int:
-        return len(self._segments)
+        with self._lock:
+            return len(self._segments)
 
     def view(self, key: str, offset: int, nbytes: int, tensor: str,
              writable: bool = False, object_id: int = 0) -> memoryview:
@@ -55,24 +58,29 @@ class ClientRegions:
         if offset < 0 or nbytes < 0:
             raise invalid_arg(f"shared memory offset and size of '{tensor}' must not be negative")
         cache_key = (key, object_id)
-        segment, size = self._segment(cache_key, tensor, writable)
-        if offset + nbytes > size:
-            raise invalid_arg(f"shared memory region of '{tensor}' is smaller than the "
-                              f"{offset + nbytes} bytes the request needs ({size} bytes now)")
-        if offset + nbytes > segment.size:  # grew since we mapped it: map again
-            segment, _ = self._reattach(cache_key, tensor, writable)
-        return segment.buf[offset:offset + nbytes]
+        with self._lock:
+            segment, size = self._segment(cache_key, tensor, writable)
+            if offset + nbytes > size:
+                raise invalid_arg(f"shared memory region of '{tensor}' is smaller than the "
+                                  f"{offset + nbytes} bytes the request needs ({size} bytes now)")
+            if offset + nbytes > segment.size:  # grew since we mapped it: map again
+                segment, _ = self._reattach(cache_key, tensor, writable)
+            return segment.buf[offset:offset + nbytes]
 
     def drop_unlinked(self) -> None:
         """Close the mappings of objects that no longer have a name (their client removed
         them): nothing can reach them by their key again, and they would pin memory."""
+        with self._lock:
+            self._drop_unlinked()
+
+    def _drop_unlinked(self) -> None:
         for cache_key, segment in list(self._segments.items()):
             try:
                 linked = segment.stat().st_nlink > 0
             except (OSError, ValueError):
                 linked = False
             if not linked:
-                del self._segments[cache_key]
+                self._segments.pop(cache_key, None)
                 segment.close()
 
     def _segment(self, cache_key: _Key, tensor: str, writable: bool) -> tuple[Segment, int]:
@@ -90,7 +98,7 @@ class ClientRegions:
         old = self._segments.pop(cache_key, None)
         if old is not None:
             old.close()
-        self.drop_unlinked()
+        self._drop_unlinked()
         key, object_id = cache_key
         try:
             segment = Segment.attach(key, readonly=not writable)
@@ -111,9 +119,10 @@ class ClientRegions:
         return segment, stat.st_size
 
     def close(self) -> None:
-        for segment in self._segments.values():
-            segment.close()
-        self._segments.clear()
+        with self._lock:
+            for segment in self._segments.values():
+                segment.close()
+            self._segments.clear()
 
 
 def _is_object(stat: os.stat_result, object_id: int) -> bool:

@@ -174,8 +174,7 @@ class WorkerProc:
         while not self.stopping:
             self.device_regions.between_batches()  # no execute runs here
             if self.client_regions and time.monotonic() >= next_sweep:
-                with self.output_lock:  # decoupled models write outputs from other threads
-                    self.client_regions.drop_unlinked()  # objects their clients removed
+                self.client_regions.drop_unlinked()  # objects their clients removed
                 next_sweep = time.monotonic() + _CLIENT_SWEEP_S
             if not self.socket.poll(_POLL_MS):
                 continue

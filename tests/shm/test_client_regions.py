@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import threading
 from collections.abc import Iterator
 
 import posix_ipc
@@ -14,6 +15,7 @@ import pytest
 
 from shoal.errors import ErrorCode, ShoalError
 from shoal.shm.client_regions import ClientRegions
+from shoal.shm.segment import Segment
 
 
 @pytest.fixture
@@ -135,4 +137,38 @@ def test_a_truncated_object_is_refused_by_size(key: str) -> None:
     with pytest.raises(ShoalError) as info:
         regions.view(key, 4, 4, "IN", object_id=first)
     assert info.value.code == ErrorCode.INVALID_ARG and "smaller" in info.value.message
+    regions.close()
+
+
+def test_calls_from_several_threads_are_serialized(key: str,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker maps inputs from its main thread while a decoupled model's outputs are
+    written (and the sweep runs) elsewhere: a call waits for the one in progress, so no sweep
+    ever sees the cache change under it."""
+    regions = ClientRegions()
+    first = create(key, b"old!")
+    regions.view(key, 0, 4, "IN", object_id=first)
+    inside, go_on = threading.Event(), threading.Event()
+    real_stat = Segment.stat
+
+    def stalled_stat(segment: Segment) -> os.stat_result:
+        if threading.current_thread().name == "sweep":
+            inside.set()
+            go_on.wait(5)
+        return real_stat(segment)
+
+    monkeypatch.setattr(Segment, "stat", stalled_stat)
+    sweep = threading.Thread(target=regions.drop_unlinked, name="sweep")
+    sweep.start()
+    assert inside.wait(5)
+    read: list[bytes] = []
+    reader = threading.Thread(target=lambda: read.append(bytes(regions.view(
+        key, 0, 4, "IN", object_id=first))))
+    reader.start()
+    reader.join(0.2)
+    assert reader.is_alive() and not read  # waits for the sweep in progress
+    go_on.set()
+    sweep.join(5)
+    reader.join(5)
+    assert read == [b"old!"]
     regions.close()
