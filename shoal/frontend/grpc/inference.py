@@ -259,6 +259,7 @@ class StreamSession:
         except ShoalError as error:
             await self._write(self._refusal(request.message, error.message))
             return
+        message = request.message
         try:
             prepared = call.prepared
             answers = (self._inference.dataplane.infer_stream(prepared.request, prepared.slots)
@@ -266,36 +267,32 @@ class StreamSession:
                            prepared.request, prepared.slots, trace=trace))
             async with closing(answers):
                 async for outcome in answers:
-                    reply = self._decoupled_reply(call, outcome, request.message.model_version)
+                    reply = self._decoupled_reply(call, outcome, message)
                     if reply is not None:
                         await self._write(reply, trace if outcome.response.final else None)
         except ShoalError as error:  # the DataPlane refused to issue it (admission)
-            await self._write(self._refusal(request.message, error.message))
+            await self._write(self._refusal(message, error.message))
 
-    def _decoupled_reply(self, call: _Call, outcome: InferOutcome, asked_version: str) -> Any:
-        """The message for one answer of a decoupled model; None for a flags-only final the
-        client did not ask to see. An error response and the empty final carry the version as
-        the request gave it (``asked_version``), as Triton's."""
+    def _decoupled_reply(self, call: _Call, outcome: InferOutcome, message: Any) -> Any:
+        """The message for one answer of a decoupled model to request ``message``; None for a
+        flags-only final the client did not ask to see. An error response and the empty final
+        carry the model name and version as the request gave them, as Triton's."""
         response = outcome.response
         if response.error is None and not response.empty:
             return self._inference.encode(call, outcome, final=response.final)
         self._inference.dataplane.release(response.lease)
-        client_id = call.decoded.request.client_id
-        version = asked_version
         if response.error is not None:
-            return stream_error(response.error.message, client_id=client_id,
-                                model_name=call.model.name, model_version=version,
-                                final=response.final)
+            return self._error(message, response.error.message, final=response.final)
         if not call.decoded.empty_final_response:
             return None
-        empty = pb.ModelInferResponse(id=client_id, model_name=call.model.name,
-                                      model_version=version)
+        empty = pb.ModelInferResponse(id=message.id, model_name=message.model_name,
+                                      model_version=message.model_version)
         return stream_reply(empty, response.final)
 
     @staticmethod
-    def _error(message: Any, text: str) -> Any:
+    def _error(message: Any, text: str, final: bool = True) -> Any:
         return stream_error(text, client_id=message.id, model_name=message.model_name,
-                            model_version=message.model_version)
+                            model_version=message.model_version, final=final)
 
     @staticmethod
     def _refusal(message: Any, text: str) -> Any:
