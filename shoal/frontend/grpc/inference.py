@@ -260,6 +260,7 @@ class StreamSession:
             await self._write(self._refusal(request.message, error.message))
             return
         message = request.message
+        issued = False  # an answer came: the DataPlane admitted it
         try:
             prepared = call.prepared
             answers = (self._inference.dataplane.infer_stream(prepared.request, prepared.slots)
@@ -267,11 +268,15 @@ class StreamSession:
                            prepared.request, prepared.slots, trace=trace))
             async with closing(answers):
                 async for outcome in answers:
+                    issued = True
                     reply = self._decoupled_reply(call, outcome, message)
                     if reply is not None:
                         await self._write(reply, trace if outcome.response.final else None)
-        except ShoalError as error:  # the DataPlane refused to issue it (admission)
-            await self._write(self._refusal(message, error.message))
+        except ShoalError as error:
+            if issued:  # e.g. an answer that cannot be encoded: the request's last message
+                await self._write(self._error(message, error.message), trace)
+            else:  # the DataPlane refused to issue it (admission)
+                await self._write(self._refusal(message, error.message))
 
     def _decoupled_reply(self, call: _Call, outcome: InferOutcome, message: Any) -> Any:
         """The message for one answer of a decoupled model to request ``message``; None for a

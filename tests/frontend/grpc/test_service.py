@@ -21,6 +21,7 @@ from shoal.frontend.grpc.convert import EMPTY_FINAL_RESPONSE
 from shoal.frontend.grpc.encode import FINAL_RESPONSE
 from shoal.frontend.grpc.inference import DECOUPLED_UNARY_MESSAGE
 from shoal.frontend.grpc.server import create_grpc_server
+from shoal.frontend.http import response
 from shoal.frontend.http.app import create_app
 from shoal.frontend.http.log_settings import ProcessLogSettings
 from shoal.messages import TensorSpec
@@ -264,6 +265,32 @@ def test_stream_errors_are_in_band_and_the_stream_stays_open(
         assert await call.code() == grpc.StatusCode.OK
 
     serve(dataplane, test)
+
+
+def test_an_answer_that_cannot_be_encoded_ends_the_request_with_a_final_error(
+        dataplane: StreamingFakeDataPlane, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once the request was issued, an error of its answer is the model's error response
+    (marked final, so a client waiting for the flag stops), not a refusal."""
+    monkeypatch.setattr(response, "MAX_CLASSIFICATION_ELEMENTS", 0)
+
+    async def test(stub: Any, channel: Any) -> None:
+        call = stub.ModelStreamInfer()
+        request = infer_request("decoupled", [1.0, 2.0], "top")
+        request.outputs.add(name="OUTPUT0").parameters["classification"].int64_param = 1
+        await call.write(request)
+        (error,) = await collect(call, 1)
+        assert (error.infer_response.id, error.error_message, error.infer_response.model_name,
+                final_flag(error)) == (
+            "top", "classification output tensor too large", "decoupled", True)
+        await call.write(infer_request("identity", [5.0], "after"))  # the stream goes on
+        (after,) = await collect(call, 1)
+        assert (after.infer_response.id, values_of(after)) == ("after", [5.0])
+        await call.done_writing()
+        assert await call.code() == grpc.StatusCode.OK
+
+    serve(dataplane, test)
+    assert dataplane.abandoned == ["top"]  # the rest of its answers are not waited for
+    assert dataplane.live_slots == {}
 
 
 def test_cancelling_a_stream_cancels_its_requests(dataplane: StreamingFakeDataPlane) -> None:
