@@ -10,13 +10,14 @@ broker then fails that worker's requests and restarts it, as for any worker deat
 Which object: a key names different objects over time (a client unregisters a region, unlinks
 its object, creates a new one under the same key and registers it again, e.g. each run of
 tritonclient's simple shm examples). A reference carries the identity of the object the
-frontend registered (``object_id``: its inode number, from the frontend's descriptor). Mappings
-are cached per (key, object id) and one is used only while the same fstat that reads the size
-says it maps that very object; otherwise the key is opened again and the new descriptor must be
-that object, else the request gets INVALID_ARG (the registered object is gone: it cannot be
-reached by name any more). So a mapping of a replaced object is never read or written. A
-reference without an identity (0) gets whatever object the key names: a cached mapping is used
-only while its object still has its name.
+frontend registered (``object_id``: its inode number, from the frontend's descriptor). One
+mapping is cached per key (a name denotes at most one object at a time) and it is used only
+while the same fstat that reads the size says its object still has its name and is that very
+object (a reference without an identity, 0: any object the key names); otherwise the key is
+opened again, the old mapping closed, and the new descriptor must be the registered object,
+else the request gets INVALID_ARG (the registered object was removed: it cannot be reached by
+name any more). So an object its client removed is refused at once, and a mapping of a
+replaced object is never read or written.
 
 Mappings of objects their client has unlinked pin that memory; they are closed at every new
 attach and by ``drop_unlinked``, which the worker calls between batches, so an unregistered
@@ -38,12 +39,10 @@ from shoal.shm.segment import Segment
 
 logger = logging.getLogger(__name__)
 
-_Key = tuple[str, int]  # (object key, object id or 0)
-
 
 class ClientRegions:
     def __init__(self, max_regions: int = 64) -> None:
-        self._segments: OrderedDict[_Key, Segment] = OrderedDict()
+        self._segments: OrderedDict[str, Segment] = OrderedDict()
         self._max = max_regions
         self._lock = threading.Lock()
 
@@ -57,14 +56,13 @@ class ClientRegions:
         ``object_id`` (its inode number; 0: whichever object it names)."""
         if offset < 0 or nbytes < 0:
             raise invalid_arg(f"shared memory offset and size of '{tensor}' must not be negative")
-        cache_key = (key, object_id)
         with self._lock:
-            segment, size = self._segment(cache_key, tensor, writable)
+            segment, size = self._segment(key, object_id, tensor, writable)
             if offset + nbytes > size:
                 raise invalid_arg(f"shared memory region of '{tensor}' is smaller than the "
                                   f"{offset + nbytes} bytes the request needs ({size} bytes now)")
             if offset + nbytes > segment.size:  # grew since we mapped it: map again
-                segment, _ = self._reattach(cache_key, tensor, writable)
+                segment, _ = self._reattach(key, object_id, tensor, writable)
             return segment.buf[offset:offset + nbytes]
 
     def drop_unlinked(self) -> None:
@@ -74,32 +72,33 @@ class ClientRegions:
             self._drop_unlinked()
 
     def _drop_unlinked(self) -> None:
-        for cache_key, segment in list(self._segments.items()):
+        for key, segment in list(self._segments.items()):
             try:
                 linked = segment.stat().st_nlink > 0
             except (OSError, ValueError):
                 linked = False
             if not linked:
-                self._segments.pop(cache_key, None)
+                self._segments.pop(key, None)
                 segment.close()
 
-    def _segment(self, cache_key: _Key, tensor: str, writable: bool) -> tuple[Segment, int]:
-        """The cached mapping of ``cache_key`` when it still maps that object (and may be
-        written if need be), else a new one; with the object's size now."""
-        segment = self._segments.get(cache_key)
+    def _segment(self, key: str, object_id: int, tensor: str, writable: bool
+                 ) -> tuple[Segment, int]:
+        """The cached mapping of ``key`` when it still maps object ``object_id`` under that
+        name (and may be written if need be), else a new one; with the object's size now."""
+        segment = self._segments.get(key)
         if segment is not None and (not writable or not segment.readonly):
             stat = _checked_stat(segment, tensor)
-            if _is_object(stat, cache_key[1]):
-                self._segments.move_to_end(cache_key)
+            if _is_object(stat, object_id):
+                self._segments.move_to_end(key)
                 return segment, stat.st_size
-        return self._reattach(cache_key, tensor, writable)
+        return self._reattach(key, object_id, tensor, writable)
 
-    def _reattach(self, cache_key: _Key, tensor: str, writable: bool) -> tuple[Segment, int]:
-        old = self._segments.pop(cache_key, None)
+    def _reattach(self, key: str, object_id: int, tensor: str, writable: bool
+                  ) -> tuple[Segment, int]:
+        old = self._segments.pop(key, None)
         if old is not None:
             old.close()
         self._drop_unlinked()
-        key, object_id = cache_key
         try:
             segment = Segment.attach(key, readonly=not writable)
         except (OSError, ValueError) as exc:
@@ -112,7 +111,7 @@ class ClientRegions:
             raise invalid_arg(f"shared memory region of '{tensor}' is no longer the object "
                               "that was registered (its key now names another one); register "
                               "the region again")
-        self._segments[cache_key] = segment
+        self._segments[key] = segment
         while len(self._segments) > self._max:
             _, evicted = self._segments.popitem(last=False)
             evicted.close()
@@ -127,9 +126,9 @@ class ClientRegions:
 
 def _is_object(stat: os.stat_result, object_id: int) -> bool:
     """Whether a mapping whose descriptor fstats as ``stat`` serves references to
-    ``object_id``: that very inode, or (no identity given) an object that still has its name
-    (one the client removed may have been replaced under the same key)."""
-    return stat.st_ino == object_id if object_id else stat.st_nlink > 0
+    ``object_id``: its object still has its name (one the client removed is refused, and may
+    have been replaced under the same key) and is that very inode (any, no identity given)."""
+    return stat.st_nlink > 0 and (not object_id or stat.st_ino == object_id)
 
 
 def _checked_stat(segment: Segment, tensor: str) -> os.stat_result:

@@ -104,6 +104,20 @@ def test_a_registered_object_its_client_removed_is_refused_never_misread(key: st
     regions.close()
 
 
+def test_a_removed_object_is_refused_at_once_though_still_mapped(key: str) -> None:
+    """A registered object its client removed (nothing under the key now) is refused by the
+    very next request, whether or not the sweep has closed its mapping yet."""
+    regions = ClientRegions()
+    first = create(key, b"old!")
+    assert bytes(regions.view(key, 0, 4, "IN", object_id=first)) == b"old!"
+    posix_ipc.unlink_shared_memory(key)
+    with pytest.raises(ShoalError) as info:
+        regions.view(key, 0, 4, "IN", object_id=first)
+    assert info.value.code == ErrorCode.INVALID_ARG and "'IN'" in info.value.message
+    assert len(regions) == 0
+    regions.close()
+
+
 def test_mappings_of_removed_objects_are_closed(key: str) -> None:
     regions = ClientRegions()
     first = create(key, b"old!")
