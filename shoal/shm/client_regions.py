@@ -19,10 +19,10 @@ else the request gets INVALID_ARG (the registered object was removed: it cannot 
 name any more). So an object its client removed is refused at once, and a mapping of a
 replaced object is never read or written.
 
-Mappings of objects their client has unlinked pin that memory; they are closed at every new
-attach and by ``drop_unlinked``, which the worker calls between batches, so an unregistered
-and removed object is unmapped here about a second later at most (no message needed from the
-frontend or broker: the link count is the truth). Messages name the tensor, never the object's
+Mappings of objects their client has unlinked pin that memory; ``drop_unlinked``, which the
+worker calls between batches about once a second, closes them, so an unregistered and removed
+object is unmapped here about a second later at most (no message needed from the frontend or
+broker: the link count is the truth). Messages name the tensor, never the object's
 key. Thread-safe: every call holds the instance's lock (the worker maps inputs from its main
 thread while a decoupled model's outputs are written from others).
 """
@@ -35,7 +35,7 @@ import threading
 from collections import OrderedDict
 
 from shoal.errors import invalid_arg
-from shoal.shm.segment import Segment
+from shoal.shm.segment import Segment, close_unlinked
 
 logger = logging.getLogger(__name__)
 
@@ -69,17 +69,7 @@ class ClientRegions:
         """Close the mappings of objects that no longer have a name (their client removed
         them): nothing can reach them by their key again, and they would pin memory."""
         with self._lock:
-            self._drop_unlinked()
-
-    def _drop_unlinked(self) -> None:
-        for key, segment in list(self._segments.items()):
-            try:
-                linked = segment.stat().st_nlink > 0
-            except (OSError, ValueError):
-                linked = False
-            if not linked:
-                self._segments.pop(key, None)
-                segment.close()
+            close_unlinked(self._segments)
 
     def _segment(self, key: str, object_id: int, tensor: str, writable: bool
                  ) -> tuple[Segment, int]:
@@ -98,7 +88,6 @@ class ClientRegions:
         old = self._segments.pop(key, None)
         if old is not None:
             old.close()
-        self._drop_unlinked()
         try:
             segment = Segment.attach(key, readonly=not writable)
         except (OSError, ValueError) as exc:

@@ -19,7 +19,7 @@ import logging
 from collections import OrderedDict
 
 from shoal.errors import ErrorCode, ShoalError
-from shoal.shm.segment import Segment
+from shoal.shm.segment import Segment, close_unlinked
 
 logger = logging.getLogger(__name__)
 
@@ -85,8 +85,7 @@ class RegionCache:
 
     def forget_unlinked(self) -> None:
         """Close the cached mappings of segments that their owner has unlinked."""
-        for region in [name for name, segment in self._segments.items() if not segment.linked()]:
-            self.forget(region)
+        close_unlinked(self._segments)
 
     def close(self) -> None:
         for region in list(self._segments):

@@ -15,6 +15,7 @@ import errno
 import logging
 import mmap
 import os
+from collections.abc import MutableMapping
 from types import TracebackType
 
 import posix_ipc
@@ -55,8 +56,8 @@ def unlink_segment(name: str) -> bool:
 class Segment:
     """One POSIX shm object mapped into this process. The creator is the owner: only it unlinks.
 
-    The file descriptor stays open while the segment is open, so ``current_size`` can ``fstat``
-    the very object that is mapped (not whatever now carries the name)."""
+    The file descriptor stays open while the segment is open, so ``stat`` can ``fstat`` the
+    very object that is mapped (not whatever now carries the name)."""
 
     def __init__(
         self,
@@ -132,16 +133,10 @@ class Segment:
     def closed(self) -> bool:
         return self._buf is None
 
-    def current_size(self) -> int:
-        """The mapped object's size now (fstat); smaller than ``size`` means it was truncated and
-        touching the tail would SIGBUS."""
-        if self._shm is None:
-            raise ValueError("segment is closed")
-        return os.fstat(self._shm.fd).st_size
-
     def stat(self) -> os.stat_result:
-        """``fstat`` of the mapped object's descriptor: its size, link count and inode number
-        now (the very object mapped, whatever the name denotes meanwhile)."""
+        """``fstat`` of the mapped object's descriptor: its size (smaller than ``size``: it was
+        truncated and touching the tail would SIGBUS), link count and inode number now (the
+        very object mapped, whatever the name denotes meanwhile)."""
         if self._shm is None:
             raise ValueError("segment is closed")
         return os.fstat(self._shm.fd)
@@ -150,9 +145,7 @@ class Segment:
         """Whether the mapped object still has its name (an ``fstat`` of the descriptor: its
         link count drops to 0 once the owner unlinked it). A mapping of an unlinked object
         still pins its memory until it is unmapped."""
-        if self._shm is None:
-            raise ValueError("segment is closed")
-        return os.fstat(self._shm.fd).st_nlink > 0
+        return self.stat().st_nlink > 0
 
     def close(self) -> None:
         """Unmap and close; the owner also unlinks. Idempotent. If views or arrays exported from
@@ -193,6 +186,23 @@ class Segment:
     def __repr__(self) -> str:
         state = "closed" if self.closed else ("owner" if self.is_owner else "attached")
         return f"Segment({self.name!r}, size={self.size}, {state})"
+
+
+def close_unlinked(segments: MutableMapping[str, Segment]) -> None:
+    """Close and drop the cached mappings in ``segments`` whose object lost its name (or can
+    no longer be fstat'ed): nothing reaches it by name again, and the mapping pins its memory.
+    The caller serializes access to ``segments``."""
+    for name in [name for name, segment in segments.items() if not _still_linked(segment)]:
+        segment = segments.pop(name, None)
+        if segment is not None:
+            segment.close()
+
+
+def _still_linked(segment: Segment) -> bool:
+    try:
+        return segment.linked()
+    except (OSError, ValueError):
+        return False
 
 
 def _unlink_quietly(name: str) -> None:

@@ -132,7 +132,9 @@ def test_mappings_of_removed_objects_are_closed(key: str) -> None:
     posix_ipc.unlink_shared_memory(key)
     other = f"/shmtest-{secrets.token_hex(6)}"
     try:
-        regions.view(other, 0, 1, "X", object_id=create(other, b"x"))  # a new attach sweeps
+        regions.view(other, 0, 1, "X", object_id=create(other, b"x"))  # no sweep on a miss
+        assert len(regions) == 2
+        regions.drop_unlinked()
         assert len(regions) == 1
     finally:
         posix_ipc.unlink_shared_memory(other)
