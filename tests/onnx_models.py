@@ -113,12 +113,12 @@ def ragged_double() -> bytes:
         [two])
 
 
-def sequence_controls(*, batching: bool = True) -> bytes:
+def sequence_controls(*, batching: bool = True, batch: object = "batch") -> bytes:
     """A sequence model whose graph takes the START and READY control inputs (what the sequence
     batcher fills): INPUT, START, READY INT32 [batch, 1] (``[1]`` without ``batching``) ->
-    OUTPUT INT32 = READY * (INPUT + START)."""
+    OUTPUT INT32 = READY * (INPUT + START). ``batch``: the first dim (a name is dynamic)."""
     i = TensorProto.INT32
-    shape: list[object] = ["batch", 1] if batching else [1]
+    shape: list[object] = [batch, 1] if batching else [1]
     return _model(
         [helper.make_node("Add", ["INPUT", "START"], ["started"]),
          helper.make_node("Mul", ["READY", "started"], ["OUTPUT"])],

@@ -326,3 +326,14 @@ def test_control_inputs_that_do_not_match_the_graph_fail_the_load(
     with pytest.raises(ShoalError) as failure:
         loaded(tmp_path, models.sequence_controls(), text)
     assert message in failure.value.message
+
+
+def test_a_control_input_without_a_dynamic_batch_dim_fails_the_load(
+        tmp_path: pathlib.Path) -> None:
+    """A batching model's control is fed [rows, 1]: a graph control of fixed batch dim ([4, 1])
+    is refused at load, as Triton does, instead of failing requests of other batch sizes."""
+    with pytest.raises(ShoalError) as failure:
+        loaded(tmp_path, models.sequence_controls(batch=4), SEQUENCE)
+    assert ("model 'seq', tensor 'START': for the model to support batching the shape should "
+            "have at least 1 dimension and the first dimension must be -1; but shape expected "
+            "by the model is [4, 1]") in failure.value.message

@@ -330,3 +330,47 @@ def test_reshape_io_layers_gives_the_model_the_configs_dims(tmp_path: pathlib.Pa
     rows = np.arange(12, dtype=np.int32).reshape(4, 3)
     got = outputs(backend.execute([make_request(0, {"x": rows})])[0])
     assert got["y"].tolist() == rows.sum(axis=0).tolist()
+
+
+OV_SEQUENCE = """
+name: "seq"
+backend: "openvino"
+default_model_filename: "model.onnx"
+max_batch_size: 4
+sequence_batching {
+  control_input [
+    { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] },
+    { name: "READY" control [ { kind: CONTROL_SEQUENCE_READY int32_false_true: [ 0, 1 ] } ] }
+  ]
+}
+input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+"""
+
+
+@pytest.mark.parametrize(("batch", "message"), [
+    ("batch", None),
+    (4, "for the model to support batching the shape should have at least 1 dimension and the "
+        "first dimension must be -1; but shape expected by the model is [4, 1]"),
+])
+def test_sequence_control_inputs_are_checked_as_the_batcher_feeds_them(
+        tmp_path: pathlib.Path, batch: object, message: str | None) -> None:
+    """Control inputs are model inputs of dims [-1, 1] (checked as Triton's onnxruntime backend
+    checks them, sequence_controls.check_control), fed from each request's rows."""
+    from tests import onnx_models
+
+    ctx = make_context(tmp_path / "m", OV_SEQUENCE)
+    (pathlib.Path(ctx.version_dir) / "model.onnx").write_bytes(
+        onnx_models.sequence_controls(batch=batch))
+    backend = OpenvinoBackend()
+    if message is not None:
+        with pytest.raises(ShoalError) as failure:
+            backend.load(ctx)
+        assert message in failure.value.message
+        return
+    backend.load(ctx)
+    requests = [make_request(k, {name: np.array([[value]], np.int32) for name, value in
+                                 zip(("INPUT", "START", "READY"), row, strict=True)})
+                for k, row in enumerate([(5, 1, 1), (7, 0, 1), (9, 0, 0)])]
+    got = [outputs(answer)["OUTPUT"].tolist() for answer in backend.execute(requests)]
+    assert got == [[[6]], [[7]], [[0]]]

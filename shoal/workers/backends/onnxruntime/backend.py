@@ -134,8 +134,7 @@ class OnnxruntimeBackend:
         config_inputs += [ConfigTensor(name, datatype, None)
                           for name, datatype in self._state_inputs]
         optional = graph_tensors(session.get_overridable_initializers())
-        check_controls(model, [ConfigTensor(s.name, s.datatype, s.dims) for s in self._controls],
-                       graph_inputs, optional, batching)
+        check_controls(model, self._controls, graph_inputs, optional, batching)
         check_inputs(model, config_inputs, graph_inputs, optional, batching,
                      generated=[*self._ragged.extra_input_names,
                                 *(s.name for s in self._controls)])

@@ -2,9 +2,9 @@
 backend (ValidateInputs / ValidateOutputs / ValidateBooleanSequenceControl /
 ValidateTypedSequenceControl): every config input (and ``batch_input`` target, sequence control
 input and state input) must be a graph input of the same data type and a compatible shape (a
-control: dims ``[1]`` without the batch dim), every graph input without a default must be fed,
-and every config output (and state output) must be a graph output of the same data type and a
-compatible shape. Pure functions; raise INVALID_ARG.
+control: dims ``[1]`` without the batch dim, which is -1 when the model batches), every graph
+input without a default must be fed, and every config output (and state output) must be a graph
+output of the same data type and a compatible shape. Pure functions; raise INVALID_ARG.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from shoal.dtypes import wire_to_config
 from shoal.errors import invalid_arg
 from shoal.workers.backends.onnxruntime.graph_io import GraphTensor, config_type_name
+from shoal.workers.backends.sequence_controls import ModelInput, check_control
+from shoal.workers.backends.torchscript_io import IoSpec
 
 
 @dataclass(frozen=True)
@@ -28,28 +30,17 @@ class ConfigTensor:
     dims: tuple[int, ...] | None
 
 
-def check_controls(model: str, controls: Sequence[ConfigTensor],
-                   graph_inputs: Sequence[GraphTensor], optional_inputs: Sequence[GraphTensor],
-                   batching: bool) -> None:
+def check_controls(model: str, controls: Sequence[IoSpec], graph_inputs: Sequence[GraphTensor],
+                   optional_inputs: Sequence[GraphTensor], batching: bool) -> None:
     """Each sequence control input (``sequence_batching.control_input``, with the data type its
     control gives it) must be a graph input of that data type and of dims ``[1]`` without the
-    batch dim (the shape the sequence batcher feeds)."""
+    batch dim (the shape the sequence batcher feeds; ``sequence_controls.check_control``)."""
     graph = {t.name: t for t in [*graph_inputs, *optional_inputs]}
     for control in controls:
         found = graph.get(control.name)
-        if found is None:
-            raise invalid_arg(f"configuration specified sequence control '{control.name}', but "
-                              "model does not provide that input")
-        dims = list(found.dims[1:] if batching else found.dims)
-        if dims != [1]:
-            raise invalid_arg(f"unable to load model '{model}', sequence control "
-                              f"'{control.name}' in model has dims {dims} but dims [1] is "
-                              "expected")
-        if control.datatype != found.datatype:
-            raise invalid_arg(f"unable to load model '{model}', sequence control "
-                              f"'{control.name}', the model expects data-type "
-                              f"{config_type_name(found)} but the model configuration "
-                              f"specifies data-type {wire_to_config(control.datatype)}")
+        check_control(model, control,
+                      None if found is None else ModelInput(found.dims, found.datatype),
+                      batching, "onnxruntime")
 
 
 def check_inputs(model: str, config_inputs: Sequence[ConfigTensor],

@@ -6,7 +6,8 @@ Load: ``<version_dir>/<default_model_filename or model.xml>`` (an IR ``model.xml
 ``ov.Core``, fitted to the config (``model_setup``), compiled for the CPU with the config's
 properties (``parameters``) and given one infer request. Only KIND_CPU instances, as in Triton.
 A sequence model's declared control inputs (``sequence_batching.control_input``; see
-``sequence_controls``) are model inputs too: counted, checked (dims ``[1]``) and fed like config
+``sequence_controls``) are model inputs too: counted, checked (dims ``[1]`` exactly, after a
+batch dim of -1 when batching, as Triton's onnxruntime backend checks them) and fed like config
 inputs. Triton's openvino backend counts only the config's inputs, so it refuses such a model
 ("configuration expects 1 inputs, model provides 3") and fails every request of one whose model
 lacks them; shoal serves the first and refuses the second at load.
@@ -83,7 +84,8 @@ class OpenvinoBackend:
                               "supports only CPU device (instance_group kind KIND_CPU)")
         self._name = ctx.instance_name
         self._max_batch = int(config.max_batch_size)
-        self._inputs = [io_spec(io) for io in config.input] + control_inputs(config)
+        controls = control_inputs(config)
+        self._inputs = [io_spec(io) for io in config.input] + controls
         self._outputs = [io_spec(io) for io in config.output]
         self._options = openvino_options(config, ctx.default_intra_op_threads)
         filename = config.default_model_filename or DEFAULT_MODEL_FILENAME
@@ -105,7 +107,8 @@ class OpenvinoBackend:
             raise invalid_arg(f"model '{ctx.model_name}': cannot read OpenVINO model "
                               f"'{filename}': {openvino_message(exc, path)}") from None
         model = prepare_model(ov, model, ctx.model_name, self._inputs, self._outputs,
-                              self._max_batch, self._options)
+                              self._max_batch, self._options,
+                              controls={spec.name for spec in controls})
         try:  # on the core's CPU device, as Triton sets them
             core.set_property("CPU", supported_properties(core, self._options.compile_properties,
                                                           ctx.model_name))

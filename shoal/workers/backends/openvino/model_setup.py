@@ -7,7 +7,9 @@
   model's element type, OpenVINO converts (a pre/post-processing step, as in Triton);
 - shapes: the config's dims (``reshape`` when given) must fit the model's, a model dim of -1
   taking any size; ``RESHAPE_IO_LAYERS: YES`` instead reshapes the model's inputs to the config's
-  dims (-1 = any size);
+  dims (-1 = any size). A sequence control input must have dims ``[1]`` exactly (after a batch
+  dim of -1 when batching; ``sequence_controls.check_control``), its data type converted as a
+  config input's;
 - batching (``max_batch_size > 0``): every input's first dim is the batch dim. It becomes a
   dynamic dim bounded by ``max_batch_size``, so any batch up to it runs as it is;
   ``SKIP_OV_DYNAMIC_BATCHSIZE: YES`` (for topologies that cannot take a dynamic batch) fixes it
@@ -19,7 +21,7 @@ Pure functions over an ``openvino`` module and an ``ov.Model``; raise ShoalError
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +30,7 @@ from shoal.errors import ErrorCode, ShoalError, invalid_arg
 from shoal.workers.backends.openvino.element_types import element_of_wire, wire_of_element
 from shoal.workers.backends.openvino.parameters import OpenvinoOptions
 from shoal.workers.backends.openvino.runtime import openvino_message
+from shoal.workers.backends.sequence_controls import CONTROL_DIMS, ModelInput, check_control
 from shoal.workers.backends.torchscript_io import IoSpec
 
 
@@ -56,8 +59,9 @@ def port_info(port: Any) -> PortInfo:
 
 def prepare_model(ov: Any, model: Any, name: str, inputs: Sequence[IoSpec],
                   outputs: Sequence[IoSpec], max_batch_size: int,
-                  options: OpenvinoOptions) -> Any:
-    """The model checked against and fitted to the config (see the module docstring)."""
+                  options: OpenvinoOptions, controls: Collection[str] = ()) -> Any:
+    """The model checked against and fitted to the config (see the module docstring).
+    ``controls`` names the ``inputs`` that are sequence control inputs."""
     model_inputs = [port_info(p) for p in model.inputs]
     model_outputs = [port_info(p) for p in model.outputs]
     if len(model_inputs) != len(inputs):
@@ -66,9 +70,15 @@ def prepare_model(ov: Any, model: Any, name: str, inputs: Sequence[IoSpec],
     batching = max_batch_size > 0
     shapes: dict[str, Any] = {}
     for spec in inputs:
+        if spec.name in controls:  # fed [rows, 1] (or [1]): checked as Triton's backends do
+            found = next((p for p in model_inputs if spec.name in p.names), None)
+            check_control(name, spec, None if found is None else ModelInput(found.dims, None),
+                          batching, "onnxruntime")
         port = _find(model_inputs, spec.name, "input")
         dims = _config_dims(spec)
-        if options.reshape_io_layers:
+        if spec.name in controls:
+            rest = list(CONTROL_DIMS)
+        elif options.reshape_io_layers:
             if any(d != -1 and d <= 0 for d in dims):
                 raise invalid_arg("openvino backend does not support dimensions values other "
                                   "than `-1` or positive integers")

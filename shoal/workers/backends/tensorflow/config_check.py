@@ -17,8 +17,8 @@ from __future__ import annotations
 from typing import Any
 
 from shoal.dtypes import config_to_wire
-from shoal.errors import ShoalError, invalid_arg
-from shoal.workers.backends.sequence_controls import CONTROL_DIMS, control_inputs
+from shoal.errors import invalid_arg
+from shoal.workers.backends.sequence_controls import ModelInput, check_control, control_inputs
 from shoal.workers.backends.tensorflow.signature import Signature, SignatureTensor
 
 
@@ -31,20 +31,9 @@ def check_config(model: str, config: Any, signature: Signature) -> None:
     outputs = {t.name: t for t in signature.outputs}
     for control in controls:
         tensor = inputs.get(control.name)
-        if tensor is None:
-            raise invalid_arg(f"configuration specified sequence control '{control.name}', but "
-                              "model does not provide that input")
-        prefix = f"unable to load model '{model}', sequence control '{control.name}'"
-        if tensor.dims:
-            try:
-                _compare_dims(model, control.name, list(tensor.dims), list(CONTROL_DIMS),
-                              batching, exact=True)
-            except ShoalError as exc:
-                raise invalid_arg(f"{prefix}: {exc.message}") from None
-        if tensor.datatype != control.datatype:
-            raise invalid_arg(f"{prefix}: the model expects {_config_type(tensor.datatype)} but "
-                              "the model configuration specifies data-type "
-                              f"{_config_type(control.datatype)}")
+        check_control(model, control,
+                      None if tensor is None else ModelInput(tensor.dims or None, tensor.datatype),
+                      batching, "tensorflow")
     expected = len(config.input) + len(config.batch_input) + len(controls)
     for io in config.input:
         _check_io(model, io, inputs, "input", batching, exact=False)
