@@ -77,6 +77,7 @@ class OnnxruntimeBackend:
         self._runner: OrtRun | None = None
         self._bf16_inputs: frozenset[str] = frozenset()
         self._state_dims: dict[str, tuple[int, ...]] = {}  # output state -> dims (no batch)
+        self._input_names: list[str] = []  # every input a request brings (execute_grouped)
 
     # ------------------------------------------------------------------ load
 
@@ -95,6 +96,8 @@ class OnnxruntimeBackend:
         self._state_outputs = [(s.output_name, config_to_wire(_type_name(s.data_type)))
                                for s in states]
         self._state_dims = {s.output_name: tuple(int(d) for d in s.dims) for s in states}
+        self._input_names = ([spec.name for spec in self._inputs + self._controls]
+                             + [name for name, _ in self._state_inputs])
         filename = config.default_model_filename or DEFAULT_MODEL_FILENAME
         path = resolve_model_path(os.path.join(ctx.version_dir, filename))
         if path is None:
@@ -152,8 +155,7 @@ class OnnxruntimeBackend:
         assert self._runner is not None, "execute() before load()"
         self._runner.release()
         return execute_grouped(requests, batched=self._max_batch > 0,
-                               input_names=[spec.name for spec in self._inputs + self._controls]
-                               + [name for name, _ in self._state_inputs], run=self._run,
+                               input_names=self._input_names, run=self._run,
                                runtime="onnxruntime", instance=self._name, log=logger)
 
     def unload(self) -> None:
@@ -168,13 +170,9 @@ class OnnxruntimeBackend:
             raise ShoalError(ErrorCode.INTERNAL, f"batch size {total} for '{self._name}', max "
                                                  f"allowed is {self._max_batch}")
         feeds: dict[str, Array] = {}
-        for spec in self._inputs:
+        for spec in self._inputs + self._controls:  # a control: [rows, 1] (or [1])
             feeds[spec.name] = self._input_value(spec, [r.inputs[spec.name] for r in batch],
                                                  total)
-        for spec in self._controls:  # [rows, 1] (or [1]) of the config's data type
-            joined = join_rows([r.inputs[spec.name] for r in batch])
-            feeds[spec.name] = (as_strings(spec.name, joined) if spec.datatype == "BYTES"
-                                else joined)
         for name, _ in self._state_inputs:
             feeds[name] = join_rows([r.inputs[name] for r in batch])
         source_shapes: list[dict[str, tuple[int, ...]]] = []
