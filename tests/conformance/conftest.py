@@ -7,9 +7,10 @@ no segment and no process left (as ``tests.e2e.conftest.serving`` asserts)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import pathlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import pytest
 
@@ -31,16 +32,17 @@ class Pair:
     shoal: ShoalServer
 
 
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
+@contextlib.contextmanager
+def serving_pair(repo: pathlib.Path, shoal_args: Sequence[str] = (),
+                 triton_args: Sequence[str] = ()) -> Iterator[Pair]:
+    """Both servers over ``repo`` (skips where tritonserver cannot run). Client shared memory
+    is off by default in shoal (deliberately): the shm cases need it, so it is on."""
     reason = unavailable_reason()
     if reason is not None:
         pytest.skip(reason)
-    repo = build_repository(pathlib.Path(tmp_path_factory.mktemp("conformance")) / "repo")
     segments_before, procs_before = shoal_segments(), shoal_processes()
-    # client shared memory is off by default in shoal (deliberately): the shm cases use it
-    shoal = ShoalServer([str(repo)], ["--allow-client-shm=true"])
-    triton = RealTriton([str(repo)])
+    shoal = ShoalServer([str(repo)], ["--allow-client-shm=true", *shoal_args])
+    triton = RealTriton([str(repo)], triton_args)
     try:
         shoal.start(wait_ready=False)  # both load their models at the same time
         triton.start()
@@ -52,3 +54,9 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
     assert code == 0, f"shoal exited with {code}"
     assert not orphan_segments(segments_before), "shoal left segments in /dev/shm"
     assert not shoal_processes() - procs_before, "shoal left processes running"
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
+    with serving_pair(build_repository(tmp_path_factory.mktemp("conformance") / "repo")) as p:
+        yield p

@@ -100,36 +100,31 @@ def _without_parameters(a: Answer) -> Answer:
     return masked
 
 
+def _map_index_entries(a: Answer, entry: Callable[[dict[str, Any]], dict[str, Any]]) -> Answer:
+    """``a`` with ``entry`` applied to each entry of a repository index (HTTP body or gRPC
+    reply); other answers unchanged."""
+    masked = dict(a)
+    if isinstance(masked.get("body"), list):
+        masked["body"] = [entry(e) if isinstance(e, dict) else e for e in masked["body"]]
+    reply = masked.get("reply")
+    if isinstance(reply, dict) and isinstance(reply.get("models"), list):
+        masked["reply"] = {**reply, "models": [entry(e) for e in reply["models"]]}
+    return masked
+
+
 def _without_failure_texts(a: Answer) -> Answer:
     """Error texts, and the reasons of index entries whose load failed, replaced."""
-    masked = _without_error_text(a)
-
-    def fix(entries: Any) -> Any:
-        if not isinstance(entries, list):
-            return entries
-        return [{**e, "reason": "<text>"} if isinstance(e, dict) and "reason" in e
-                and e["reason"] != "unloaded" else e for e in entries]
-    if isinstance(masked.get("body"), list):
-        masked["body"] = fix(masked["body"])
-    if isinstance(masked.get("reply"), dict) and "models" in masked["reply"]:
-        masked["reply"] = {**masked["reply"], "models": fix(masked["reply"]["models"])}
-    return masked
+    return _map_index_entries(
+        _without_error_text(a),
+        lambda e: {**e, "reason": "<text>"} if e.get("reason", "unloaded") != "unloaded" else e)
 
 
 def _unloading_as_unloaded(a: Answer) -> Answer:
     """Index entries of a version Triton is still unloading read as shoal's unloaded ones."""
-    def fix(entries: Any) -> Any:
-        if not isinstance(entries, list):
-            return entries
-        return [{**e, "state": "UNAVAILABLE", "reason": "unloaded"}
-                if isinstance(e, dict) and e.get("state") == "UNLOADING" else e
-                for e in entries]
-    masked = _without_media_type(a)
-    if "body" in masked:
-        masked["body"] = fix(masked["body"])
-    if isinstance(masked.get("reply"), dict) and "models" in masked["reply"]:
-        masked["reply"] = {**masked["reply"], "models": fix(masked["reply"]["models"])}
-    return masked
+    return _map_index_entries(
+        _without_media_type(a),
+        lambda e: {**e, "state": "UNAVAILABLE", "reason": "unloaded"}
+        if e.get("state") == "UNLOADING" else e)
 
 
 def _strip_version(a: Answer) -> Answer:
@@ -150,6 +145,7 @@ DIFFERENCES: tuple[Difference, ...] = (
         cases=("http:infer/add_sub/duplicate-outputs", "grpc:infer/add_sub/duplicate-outputs"),
         triton=lambda a: a.get("status") == 200 or a.get("code") == "OK",
         shoal=error_contains("already exists in request"),
+        mask=lambda a: {},  # an answer against a refusal: nothing else to compare
     ),
     Difference(
         key="never-loaded-series",

@@ -23,12 +23,9 @@ import tritonclient.utils.shared_memory as shm
 
 from tests.conformance import grpc_cases
 from tests.conformance.answers import http_answer
-from tests.conformance.conftest import Pair
+from tests.conformance.conftest import Pair, serving_pair
 from tests.conformance.repository import ADD_SUB, FAILS_TO_LOAD, build_repository
 from tests.conformance.test_differential import assert_same, metric_samples
-from tests.conformance.tritonserver import RealTriton, unavailable_reason
-from tests.conftest import orphan_segments, shoal_processes, shoal_segments
-from tests.e2e.server import ShoalServer
 
 _ADD_SUB_CONFIG = """
 name: "{name}"
@@ -60,24 +57,10 @@ def _control_repository(root: pathlib.Path) -> pathlib.Path:
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
-    reason = unavailable_reason()
-    if reason is not None:
-        pytest.skip(reason)
-    repo = _control_repository(pathlib.Path(tmp_path_factory.mktemp("control")) / "repo")
-    segments_before, procs_before = shoal_segments(), shoal_processes()
-    shoal = ShoalServer([str(repo)], ["--model-control-mode=explicit", "--allow-client-shm=true"])
-    triton = RealTriton([str(repo)], ["--model-control-mode=explicit"])
-    try:
-        shoal.start(wait_ready=False)
-        triton.start()
-        shoal.wait_ready(60)
-        yield Pair(triton, shoal)
-    finally:
-        triton.stop()
-        code = shoal.stop()
-    assert code == 0, f"shoal exited with {code}"
-    assert not orphan_segments(segments_before), "shoal left segments in /dev/shm"
-    assert not shoal_processes() - procs_before, "shoal left processes running"
+    repo = _control_repository(tmp_path_factory.mktemp("control") / "repo")
+    with serving_pair(repo, ["--model-control-mode=explicit"],
+                      ["--model-control-mode=explicit"]) as both:
+        yield both
 
 
 @dataclasses.dataclass(frozen=True)
