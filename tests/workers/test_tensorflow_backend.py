@@ -352,3 +352,26 @@ def test_graphdef_sequence_controls_are_placeholders_fed_by_name(tmp_path: pathl
     with pytest.raises(ShoalError, match="configuration specified sequence control 'GO', but "
                                          "model does not provide that input"):
         TensorflowBackend().load(missing)
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (("CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ]",
+      "CONTROL_SEQUENCE_START fp32_false_true: [ 0, 1 ]"),
+     "unable to load model 'seq', sequence control 'START': the model expects TYPE_INT32 but "
+     "the model configuration specifies data-type TYPE_FP32"),
+    (("    { name: \"READY\"",
+      "    { name: \"END\" control [ { kind: CONTROL_SEQUENCE_END int32_false_true: [ 0, 1 ] } ] "
+      "},\n    { name: \"READY\""),
+     "unable to load model 'seq', configuration expects 4 inputs, model provides at most 3"),
+])
+def test_graphdef_sequence_controls_are_type_checked_and_counted(
+        tmp_path: pathlib.Path, edit: tuple[str, str], message: str) -> None:
+    config = SEQUENCE.replace("tensorflow_savedmodel", "tensorflow_graphdef")
+    text = config.replace(*edit, 1)
+    assert text != config
+    ctx = make_context(tmp_path / "m", text)
+    (pathlib.Path(ctx.version_dir) / "model.graphdef").write_bytes(
+        models.sequence_controls_graphdef())
+    with pytest.raises(ShoalError) as failure:
+        TensorflowBackend().load(ctx)
+    assert message in failure.value.message

@@ -2,9 +2,10 @@
 backend serves them (``graphdef::ValidateTRITONTFModel``): a GraphDef names no inputs or
 outputs, so every ``Placeholder`` node is a potential input and every other node a potential
 output; the config must name them (no auto-complete, as in Triton), by node name. The config
-is checked at load: at most as many inputs as placeholders, each input a placeholder of the
-config's data type, each sequence control input (``sequence_batching.control_input``) a
-placeholder, each output another node. Controls are fed like config inputs.
+is checked at load: at most as many inputs (the sequence control inputs of
+``sequence_batching.control_input`` counted) as placeholders, each input and each control a
+placeholder of the config's (the control's) data type, each output another node. Controls are
+fed like config inputs.
 
 The graph runs in TensorFlow 2 as a function pruned to the config's tensors
 (``tf.compat.v1.wrap_function`` + ``prune``): node ``NAME`` is fed and fetched as ``NAME:0``.
@@ -17,8 +18,9 @@ from typing import Any
 
 from shoal.dtypes import config_to_wire
 from shoal.errors import invalid_arg
-from shoal.workers.backends.sequence_controls import control_inputs
+from shoal.workers.backends.sequence_controls import ModelInput, check_control, control_inputs
 from shoal.workers.backends.tensorflow.signature import WIRE_OF_TF_TYPE
+from shoal.workers.backends.torchscript_io import IoSpec
 
 Run = Callable[[dict[str, Any]], dict[str, Any]]
 
@@ -38,8 +40,8 @@ def load_graphdef(tf: Any, path: str, shown: str, model: str, config: Any) -> Ru
     placeholders = {node.name: int(node.attr["dtype"].type) for node in graph_def.node
                     if node.op == "Placeholder"}
     others = {node.name for node in graph_def.node if node.op != "Placeholder"}
-    controls = [spec.name for spec in control_inputs(config)]
-    inputs = [io.name for io in config.input] + controls
+    controls = control_inputs(config)
+    inputs = [io.name for io in config.input] + [spec.name for spec in controls]
     outputs = [io.name for io in config.output]
     _check(model, config, controls, placeholders, others)
 
@@ -60,16 +62,17 @@ def load_graphdef(tf: Any, path: str, shown: str, model: str, config: Any) -> Ru
     return run
 
 
-def _check(model: str, config: Any, controls: list[str], placeholders: dict[str, int],
+def _check(model: str, config: Any, controls: list[IoSpec], placeholders: dict[str, int],
            others: set[str]) -> None:
-    if len(config.input) > len(placeholders):
+    expected = len(config.input) + len(controls)
+    if expected > len(placeholders):
         raise invalid_arg(f"unable to load model '{model}', configuration expects "
-                          f"{len(config.input)} inputs, model provides at most "
-                          f"{len(placeholders)}")
-    for name in controls:
-        if name not in placeholders:
-            raise invalid_arg(f"configuration specified sequence control '{name}', but model "
-                              "does not provide that input")
+                          f"{expected} inputs, model provides at most {len(placeholders)}")
+    for control in controls:  # a placeholder's shape is not read: its data type is checked
+        dtype = placeholders.get(control.name)
+        check_control(model, control,
+                      None if dtype is None else ModelInput(None, WIRE_OF_TF_TYPE.get(dtype, "")),
+                      config.max_batch_size > 0, "tensorflow")
     from tritonclient.grpc import model_config_pb2
 
     for io in config.input:
