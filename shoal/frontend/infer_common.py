@@ -17,6 +17,8 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, TypeVar
 
+from shoal.errors import invalid_arg
+from shoal.frontend.http.validation import RequestCheckError, request_tag
 from shoal.messages import InferRequest, ModelVersionInfo, RequestedOutput, TensorRef
 
 _Item = TypeVar("_Item")
@@ -24,7 +26,7 @@ IN_PLACE_ALIGNMENT: Final = 64  # an input referenced inside a body slot starts 
 
 if TYPE_CHECKING:
     from shoal.frontend.dataplane import DataPlane
-    from shoal.frontend.http.codec import DecodedInput, DecodedRequest
+    from shoal.frontend.http.codec import DecodedRequest
     from shoal.frontend.http.validation import InferPlan
     from shoal.shm.arena import Slot
     from shoal.trace.record import RequestTrace
@@ -63,7 +65,7 @@ def prepare_request(
     request_id = dataplane.next_request_id()
     slots: list[Slot] = [] if body is None else [body.slot]
     try:
-        refs = _place_inputs(dataplane, decoded.inputs, request_id, slots, body)
+        refs = _place_inputs(dataplane, decoded, model.name, request_id, slots, body)
         outputs = _requested_outputs(dataplane, plan, request_id)
     except BaseException:
         for slot in slots:
@@ -94,21 +96,27 @@ def prepare_request(
 
 def _place_inputs(
     dataplane: DataPlane,
-    inputs: list[DecodedInput],
+    decoded: DecodedRequest,
+    model_name: str,
     request_id: int,
     slots: list[Slot],
     body: BodySlot | None = None,
 ) -> list[TensorRef]:
     """One copy into a fresh slot per input (appended to ``slots`` as allocated), the
     registry's reference for an input in client shared memory (no copy), or a reference into
-    the body's slot for an aligned binary input of a body read into the arena (no copy)."""
+    the body's slot for an aligned binary input of a body read into the arena (no copy). The
+    registry's framing errors of Triton's core get the request's id, as ``validate_request``
+    gives them for data in the body."""
     refs: list[TensorRef] = []
-    for tensor in inputs:
+    for tensor in decoded.inputs:
         shm = tensor.shm
         if shm is not None:
-            refs.append(dataplane.shared_memory.resolve_input(
-                request_id, shm.region, shm.offset, shm.byte_size, tensor.name,
-                tensor.datatype, tensor.shape))
+            try:
+                refs.append(dataplane.shared_memory.resolve_input(
+                    request_id, shm.region, shm.offset, shm.byte_size, tensor.name,
+                    tensor.datatype, tensor.shape, model_name=model_name))
+            except RequestCheckError as error:
+                raise invalid_arg(request_tag(decoded.client_id) + error.message) from None
             continue
         if body is not None and tensor.body_offset >= 0:
             offset = body.slot.offset + body.start + tensor.body_offset

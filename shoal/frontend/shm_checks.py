@@ -15,6 +15,12 @@ import struct
 from typing import Final
 
 from shoal.errors import invalid_arg, unavailable
+from shoal.frontend.http.validation import (
+    short_length_indicator,
+    short_string_data,
+    too_many_strings,
+    wrong_string_count,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -88,18 +94,19 @@ def object_size(fd: int, name: str, key: str) -> int:
     return info.st_size
 
 
-def check_bytes_framing(fd: int, start: int, nbytes: int, count: int, tensor: str) -> None:
+def check_bytes_framing(fd: int, start: int, nbytes: int, count: int, tensor: str,
+                        model_name: str) -> None:
     """The ``nbytes`` bytes at ``start`` of the object hold exactly ``count`` BYTES elements
-    (4-byte little-endian length + data each) and nothing after them. Reads with pread, a chunk
-    at a time, only where length fields are: a truncated object gives short reads, not SIGBUS."""
-    where = f"for inference input '{tensor}'"
+    (4-byte little-endian length + data each) and nothing after them, with the texts of a
+    request body's check (``validation.check_bytes_framing``: Triton's core ones are
+    RequestCheckError, the caller adds the request's id). Reads with pread, a chunk at a time,
+    only where length fields are: a truncated object gives short reads, not SIGBUS."""
     position = found = 0
     chunk = b""
     chunk_start = 0
     while position < nbytes:
         if nbytes - position < 4:
-            raise invalid_arg(f"incomplete string length indicator {where}, expecting 4 bytes "
-                              f"but only {nbytes - position} bytes available")
+            raise short_length_indicator(tensor, model_name, nbytes - position)
         if position + 4 > chunk_start + len(chunk):
             chunk = os.pread(fd, min(_SCAN_CHUNK, nbytes - position), start + position)
             chunk_start = position
@@ -108,12 +115,10 @@ def check_bytes_framing(fd: int, start: int, nbytes: int, count: int, tensor: st
         (length,) = _LENGTH.unpack_from(chunk, position - chunk_start)
         position += 4
         if length > nbytes - position:
-            raise invalid_arg(f"incomplete string data {where}, expecting string of length "
-                              f"{length} but only {nbytes - position} bytes available")
+            raise short_string_data(tensor, length, nbytes - position)
         position += length
         found += 1
         if found > count:
-            raise invalid_arg(f"unexpected number of string elements {found} {where}, "
-                              f"expecting {count}")
+            raise too_many_strings(tensor, model_name, found, count)
     if found != count:
-        raise invalid_arg(f"expected {count} string elements {where}, got {found}")
+        raise wrong_string_count(tensor, model_name, found, count)

@@ -86,10 +86,12 @@ class SharedMemoryRegistry(Protocol):
         ...
 
     def resolve_input(self, request_id: int, region: str, offset: int, byte_size: int,
-                      tensor: str, datatype: str, shape: list[int]) -> TensorRef:
+                      tensor: str, datatype: str, shape: list[int], *,
+                      model_name: str = "") -> TensorRef:
         """Checks that the region is registered, the slice lies inside it, and byte_size equals
         the tensor's byte size (fixed-size types); re-checks a system object's real size and
-        BYTES framing (in a CUDA region the worker does); marks the region in use by
+        BYTES framing (in a CUDA region the worker does; the texts of a request body's framing
+        check, naming model ``model_name``); marks the region in use by
         ``request_id``. System: ``region`` is the object's key, the offset absolute within it
         (registration offset + shared_memory_offset). CUDA: ``region`` is "", ``cuda`` the
         registration, the offset counts from the allocation's start."""
@@ -302,7 +304,8 @@ class ClientSharedMemoryRegistry:
     # ------------------------------------------------------------------ use by requests
 
     def resolve_input(self, request_id: int, region: str, offset: int, byte_size: int,
-                      tensor: str, datatype: str, shape: list[int]) -> TensorRef:
+                      tensor: str, datatype: str, shape: list[int], *,
+                      model_name: str = "") -> TensorRef:
         found = self._checked_slice(region, offset, byte_size, f"input '{tensor}'")
         if datatype != "BYTES":
             expected = dtypes.element_count(shape) * dtypes.element_size(datatype)
@@ -313,7 +316,7 @@ class ClientSharedMemoryRegistry:
                     f"'shared_memory_byte_size' is {byte_size}")
         elif isinstance(found, _Region):
             check_bytes_framing(found.fd, found.offset + offset, byte_size,
-                                dtypes.element_count(shape), tensor)
+                                dtypes.element_count(shape), tensor, model_name)
         self._mark_in_use(request_id, found)
         if isinstance(found, _CudaRegion):
             return TensorRef(tensor, datatype, list(shape), "", offset, byte_size,

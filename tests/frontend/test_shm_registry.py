@@ -9,14 +9,20 @@ import pathlib
 import secrets
 import struct
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
 from shoal.errors import ErrorCode, ShoalError
+from shoal.frontend.http.codec import DecodedInput, DecodedRequest
+from shoal.frontend.http.validation import validate_request
+from shoal.frontend.infer_common import prepare_request
+from shoal.frontend.shm_params import SharedMemorySlice
 from shoal.frontend.shm_registry import ClientSharedMemoryRegistry, RegionStatus
-from shoal.messages import OutputTarget
+from shoal.messages import OutputTarget, TensorSpec
 from shoal.settings import Settings
 from tests.conftest import MakeObject
+from tests.frontend.http.fakes import make_model
 
 ENABLED = Settings(model_repositories=["/m"], allow_client_shm=True)
 
@@ -313,6 +319,47 @@ def test_bytes_framing_spanning_read_chunks(registry: ClientSharedMemoryRegistry
     error = error_of(lambda: registry.resolve_input(1, "r", 0, len(data), "S", "BYTES",
                                                     [len(items) + 1]))
     assert "expected" in error.message
+
+
+class _Plane:
+    """What prepare_request uses of a DataPlane for an input in client shared memory."""
+
+    def __init__(self, registry: ClientSharedMemoryRegistry) -> None:
+        self.shared_memory = registry
+
+    def next_request_id(self) -> int:
+        return 1
+
+    def free(self, slot: object) -> None:
+        raise AssertionError("no slot is allocated for an input in shared memory")
+
+
+@pytest.mark.parametrize("data,count", [
+    (frame(b"a"), 3), (frame(b"a", b"b", b"c", b"d"), 3),
+    (frame(b"a", b"b") + b"\x01\x00", 3), (frame(b"a", b"b") + struct.pack("<I", 10) + b"xy", 3),
+])
+@pytest.mark.parametrize("client_id", ["req-7", ""])
+def test_bytes_framing_errors_in_shared_memory_read_as_in_the_body(
+        registry: ClientSharedMemoryRegistry, make_object: MakeObject, data: bytes, count: int,
+        client_id: str) -> None:
+    """The same broken BYTES data gives the same text (request id, model, Triton's wording)
+    whether it came in the request body or in a client's region."""
+    model = make_model("strings", [TensorSpec("S", "BYTES", [-1])])
+    in_body = DecodedRequest([DecodedInput("S", "BYTES", [count], memoryview(data), count)],
+                             client_id=client_id)
+    body_error = error_of(lambda: validate_request(in_body, model))
+    key = make_object(256)
+    write(key, 0, data)
+    registry.register("r", key, 0, 256)
+    in_region = DecodedRequest([DecodedInput("S", "BYTES", [count], memoryview(b""), count,
+                                             SharedMemorySlice("r", 0, len(data)))],
+                               client_id=client_id)
+    plan = validate_request(in_region, model)
+    plane: Any = _Plane(registry)
+    shm_error = error_of(lambda: prepare_request(plane, in_region, plan, model))
+    assert (shm_error.code, shm_error.message) == (body_error.code, body_error.message)
+    registry.unregister("r")  # the refused request left the region unused: it goes now
+    assert registry.status(None) == []
 
 
 # ---------------------------------------------------------------- deferred unregister

@@ -320,26 +320,51 @@ def check_bytes_framing(data: memoryview, count: int, name: str, model_name: str
     end = len(data)
     position = 0
     found = 0
-    where = f"for inference input '{name}' for model '{model_name}'"
     while position < end:
         if end - position < 4:
-            raise RequestCheckError(
-                f"incomplete string length indicator {where}, expecting 4 bytes but only "
-                f"{end - position} bytes available. Please make sure the string length "
-                "indicator is in one buffer."
-            )
+            raise short_length_indicator(name, model_name, end - position)
         (length,) = _LENGTH.unpack_from(data, position)
         position += 4
         if length > end - position:
-            raise invalid_arg(  # Triton's python backend says this, without the model
-                f"incomplete string data for inference input '{name}', expecting string of "
-                f"length {length} but only {end - position} bytes available"
-            )
+            raise short_string_data(name, length, end - position)
         position += length
         found += 1
         if found > count:
-            raise RequestCheckError(
-                f"unexpected number of string elements {found} {where}, expecting {count}"
-            )
+            raise too_many_strings(name, model_name, found, count)
     if found != count:
-        raise RequestCheckError(f"expected {count} string elements {where}, got {found}")
+        raise wrong_string_count(name, model_name, found, count)
+
+
+# The errors of BYTES framing, in a request body (``check_bytes_framing``) and in a client's
+# shared memory (``shm_checks.check_bytes_framing``) alike. Those of Triton's core are
+# RequestCheckError: the caller adds the request's id (``validate_request``,
+# ``infer_common.prepare_request``).
+
+
+def _framing_where(name: str, model_name: str) -> str:
+    return f"for inference input '{name}' for model '{model_name}'"
+
+
+def short_length_indicator(name: str, model_name: str, available: int) -> RequestCheckError:
+    return RequestCheckError(
+        f"incomplete string length indicator {_framing_where(name, model_name)}, expecting 4 "
+        f"bytes but only {available} bytes available. Please make sure the string length "
+        "indicator is in one buffer."
+    )
+
+
+def short_string_data(name: str, length: int, available: int) -> ShoalError:
+    return invalid_arg(  # Triton's python backend says this, without the model
+        f"incomplete string data for inference input '{name}', expecting string of length "
+        f"{length} but only {available} bytes available"
+    )
+
+
+def too_many_strings(name: str, model_name: str, found: int, count: int) -> RequestCheckError:
+    return RequestCheckError(f"unexpected number of string elements {found} "
+                             f"{_framing_where(name, model_name)}, expecting {count}")
+
+
+def wrong_string_count(name: str, model_name: str, found: int, count: int) -> RequestCheckError:
+    return RequestCheckError(
+        f"expected {count} string elements {_framing_where(name, model_name)}, got {found}")

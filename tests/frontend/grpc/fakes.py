@@ -35,7 +35,8 @@ class RecordingRegistry:
         return [r for r in self.regions if name is None or r.name == name]
 
     def resolve_input(self, request_id: int, region: str, offset: int, byte_size: int,
-                      tensor: str, datatype: str, shape: list[int]) -> TensorRef:
+                      tensor: str, datatype: str, shape: list[int], *,
+                      model_name: str = "") -> TensorRef:
         self.calls.append(("resolve_input", region, offset, byte_size, tensor))
         raise invalid_arg(f"Unable to find shared memory region: '{region}' (used by input "
                           f"'{tensor}')")
