@@ -121,10 +121,10 @@ class OutputWriter:
                 continue
             try:
                 refs, position = self._write(entry, slot, position)
-            except ShoalError as exc:
+            except ShoalError as exc:  # the model answered: the error is its response's
                 if lease is not None and entry.holds_lease:
                     self.release(lease.lease_id)  # this response will not hold the lease
-                results.append(Result(request_id, error=Error(exc.code, exc.message)))
+                results.append(Result(request_id, error=error_of(exc, in_response=True)))
                 continue
             results.append(Result(request_id, outputs=refs, parameters=entry.parameters))
         return results, lease
@@ -230,11 +230,11 @@ class OutputWriter:
         in_place = [lender.locate(t.array, n) if lender is not None and target is None else None
                     for t, n, target in zip(tensors, sizes, targets, strict=True)]
         for tensor, size, target in zip(tensors, sizes, targets, strict=True):
-            if target is not None and size > target.nbytes:
+            if target is not None and size > target.nbytes:  # the response's error
                 return Error(ErrorCode.INVALID_ARG,
                              f"shared memory size specified with the request for output "
                              f"'{tensor.name}' ({target.nbytes} bytes) should be at least "
-                             f"{size} bytes to hold the results")
+                             f"{size} bytes to hold the results", in_response=True)
         arena_bytes = sum(_align(n) for n, t, lent in zip(sizes, targets, in_place, strict=True)
                           if t is None and lent is None)
         return _Placed(tensors, sizes, targets, dict(response.parameters), in_place, arena_bytes,
@@ -319,10 +319,12 @@ def _output_nbytes(array: Any, datatype: str) -> int:
     return int(array.numel()) * element_size(datatype)
 
 
-def error_of(exc: BaseException) -> Error:
+def error_of(exc: BaseException, in_response: bool = False) -> Error:
+    """``exc`` as an Error; ``in_response``: the model answered and this is why its outputs
+    could not be delivered (``Error.in_response``)."""
     if isinstance(exc, ShoalError):
-        return Error(exc.code, exc.message)
-    return Error(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}")
+        return Error(exc.code, exc.message, in_response)
+    return Error(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}", in_response)
 
 
 __all__ = ["OutputWriter", "error_of", "invalid_arg"]

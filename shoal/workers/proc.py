@@ -276,16 +276,16 @@ class WorkerProc:
                     [r.request_id for r in batch.requests], [r.outputs for r in batch.requests],
                     ordered)
                 self.device_regions.synchronize()  # the client may read the moment it knows
-            except Exception as exc:
-                error = error_of(exc)
-                results = [Result(r.request_id, error=error) for r in batch.requests]
+            except Exception as exc:  # a request the model answered executed (in_response)
+                results = [Result(r.request_id, error=error_of(
+                    exc, in_response=isinstance(answer, BackendResponse)))
+                    for r, answer in zip(batch.requests, ordered, strict=True)]
                 lease = None
             finally:
                 self.lender.close()  # frees the lent slots no answer references
         if states:
             results = [msgspec.structs.replace(r, states=states[r.request_id])
                        if r.error is None and r.request_id in states else r for r in results]
-        results = _undelivered_in_response(results, ordered)
         t3 = time.monotonic_ns()
         self.cancelled.difference_update(r.request_id for r in batch.requests)
         return BatchResult(batch.batch_id, results,
@@ -428,9 +428,7 @@ class WorkerProc:
             refs, parameters, lease = self.outputs.write_one(request.outputs, response)
             self.device_regions.synchronize()
         except Exception as exc:  # the model answered; its outputs could not be delivered
-            error = error_of(exc)
-            return StreamResponse(rid, error=msgspec.structs.replace(error, in_response=True),
-                                  final=final)
+            return StreamResponse(rid, error=error_of(exc, in_response=True), final=final)
         return StreamResponse(rid, refs, parameters, None, lease, final)
 
     def close(self) -> None:
@@ -451,17 +449,6 @@ class WorkerProc:
             self.device_regions.close()
         for sock in (self.socket, self.stream_socket, self.control_socket):
             sock.close(linger=500)
-
-
-def _undelivered_in_response(results: list[Result], answers: list[BackendResponse | Error]
-                              ) -> list[Result]:
-    """A request the model answered (a BackendResponse) whose Result still carries an error:
-    its outputs could not be delivered (a client region too small, no arena room). The error
-    is the response's (``Error.in_response``): the request executed, as Triton counts it."""
-    return [msgspec.structs.replace(r, error=msgspec.structs.replace(r.error, in_response=True))
-            if r.error is not None and not r.error.in_response
-            and isinstance(answer, BackendResponse) else r
-            for r, answer in zip(results, answers, strict=True)]
 
 
 def run_worker(spec: WorkerSpec, settings: Settings) -> int:

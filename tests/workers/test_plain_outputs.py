@@ -140,3 +140,31 @@ def test_an_unknown_datatype_is_refused_as_by_the_general_path(
         outcomes.append((raised.value.code, raised.value.message))
     assert outcomes[0] == outcomes[1]
     assert "FP128" in outcomes[0][1]
+
+
+def test_undelivered_outputs_are_the_response_error_a_model_error_is_not(
+        writers: tuple[Arena, OutputWriter, Arena, OutputWriter]) -> None:
+    """A response whose outputs cannot be delivered (a client region too small, one that
+    cannot be mapped) executed: its error is the response's (``in_response``, counted as a
+    success, as Triton does); an error the model or the worker gave passes as it is."""
+    _, plain, _, _ = writers
+    array = np.arange(12, dtype=np.float32)
+    model_error = Error(ErrorCode.INTERNAL, "the model failed")
+    responses: list[BackendResponse | Error] = [
+        BackendResponse([OutputTensor("Y", "FP32", array)]),
+        BackendResponse([OutputTensor("Y", "FP32", array)]),
+        model_error,
+        BackendResponse([OutputTensor("Y", "FP32", array)]),
+    ]
+    requested = [[RequestedOutput("Y", target=OutputTarget("/no-such-region", 0, 8))],
+                 [RequestedOutput("Y", target=OutputTarget("/no-such-region", 0, 64))],
+                 [], []]
+    results, lease = plain.write_results([1, 2, 3, 4], requested, responses)
+    assert [r.error is not None and r.error.in_response for r in results] == [
+        True, True, False, False]
+    assert results[0].error is not None and "should be at least 48 bytes" in (
+        results[0].error.message)
+    assert results[1].error is not None and "cannot be mapped" in results[1].error.message
+    assert results[2].error == model_error and results[3].error is None
+    assert lease is not None
+    plain.release(lease.lease_id)
