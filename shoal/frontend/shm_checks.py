@@ -81,6 +81,11 @@ def check_region_name(name: str, kind: str = "system") -> None:
 def object_size(fd: int, name: str, key: str) -> int:
     """The object's size now; refuses anything but a regular shm object with a single name (a
     second hard link could alias a segment the client may not name)."""
+    return object_size_and_inode(fd, name, key)[0]
+
+
+def object_size_and_inode(fd: int, name: str, key: str) -> tuple[int, int]:
+    """``object_size`` and the object's inode number, from one fstat."""
     try:
         info = os.fstat(fd)
     except OSError as exc:
@@ -91,7 +96,7 @@ def object_size(fd: int, name: str, key: str) -> int:
     if info.st_nlink > 1:
         raise invalid_arg(f"shared memory key '{key}' of region '{name}' names an object with "
                           "more than one link; refused")
-    return info.st_size
+    return info.st_size, info.st_ino
 
 
 def check_bytes_framing(fd: int, start: int, nbytes: int, count: int, tensor: str,

@@ -23,6 +23,7 @@ from shoal.frontend.shm_checks import (
     check_bytes_framing,
     check_region_name,
     object_size,
+    object_size_and_inode,
     open_client_object,
     validated_key_body,
 )
@@ -252,8 +253,7 @@ class ClientSharedMemoryRegistry:
                               "must be positive and 'offset' must not be negative")
         fd = open_client_object(self._directory, name, key, body)
         try:
-            size = object_size(fd, name, key)
-            object_id = os.fstat(fd).st_ino
+            size, object_id = object_size_and_inode(fd, name, key)
             if byte_size > size or offset > size - byte_size:
                 raise invalid_arg(
                     f"failed to register shared memory region '{name}': offset {offset} + "
