@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shoal.broker.schedulers.sequence.config import SequenceBatcherConfig
-from shoal.workers.backends.sequence_controls import control_inputs
+from shoal.workers.backends.sequence_controls import batcher_controls
 from shoal.workers.backends.torchscript_io import IoSpec
 
 
@@ -38,7 +38,7 @@ def sequence_tensors(config: Any) -> SequenceTensors:
     if not config.HasField("sequence_batching"):
         return SequenceTensors([], [])
     batcher = SequenceBatcherConfig.from_model_config(config)
-    inputs = control_inputs(config)
+    inputs = batcher_controls(batcher)
     inputs += [IoSpec(state.input_name, state.data_type, state.dims, None)
                for state in batcher.states]
     config_outputs = {io.name for io in config.output}

@@ -85,12 +85,13 @@ class TensorflowBackend:
             raise invalid_arg(f"unable to find '{shown}' for model instance '{self._name}': "
                               f"{kind}")
         # the sequence control inputs are fed like config inputs (checked against the model)
-        self._inputs = [io_spec(io) for io in config.input] + control_inputs(config)
+        controls = control_inputs(config)
+        self._inputs = [io_spec(io) for io in config.input] + controls
         self._outputs = [io_spec(io) for io in config.output]
         signature = None
         if not graphdef:
             signature = read_signature(path, model, params.graph_tag, params.signature_def)
-            check_config(model, config, signature)
+            check_config(model, config, signature, controls)
 
         tf = self._tf = import_tensorflow()
         intra, inter = thread_counts(params, config, ctx.backend_settings,
@@ -99,7 +100,7 @@ class TensorflowBackend:
         self._device = self._device_for(tf, ctx)
         with tf.device(self._device):
             if signature is None:
-                self._function = load_graphdef(tf, path, shown, model, config)
+                self._function = load_graphdef(tf, path, shown, model, config, controls)
             else:
                 self._function = self._load_savedmodel(tf, path, shown, model, params.graph_tag,
                                                        signature.key)

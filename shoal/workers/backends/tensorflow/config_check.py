@@ -14,19 +14,21 @@ naming the tensor instead of failing every request:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from shoal.dtypes import config_to_wire
 from shoal.errors import invalid_arg
-from shoal.workers.backends.sequence_controls import ModelInput, check_control, control_inputs
+from shoal.workers.backends.sequence_controls import ModelInput, check_control
 from shoal.workers.backends.tensorflow.signature import Signature, SignatureTensor
+from shoal.workers.backends.torchscript_io import IoSpec
 
 
-def check_config(model: str, config: Any, signature: Signature) -> None:
-    """INVALID_ARG naming the first mismatch between ``config`` (a ModelConfig) and
-    ``signature``."""
+def check_config(model: str, config: Any, signature: Signature,
+                 controls: Sequence[IoSpec]) -> None:
+    """INVALID_ARG naming the first mismatch between ``config`` (a ModelConfig, whose sequence
+    control inputs are ``controls``: ``sequence_controls.control_inputs``) and ``signature``."""
     batching = config.max_batch_size > 0
-    controls = control_inputs(config)
     inputs = {t.name: t for t in signature.inputs}
     outputs = {t.name: t for t in signature.outputs}
     for control in controls:

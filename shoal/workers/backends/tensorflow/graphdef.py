@@ -18,16 +18,18 @@ from typing import Any
 
 from shoal.dtypes import config_to_wire
 from shoal.errors import invalid_arg
-from shoal.workers.backends.sequence_controls import ModelInput, check_control, control_inputs
+from shoal.workers.backends.sequence_controls import ModelInput, check_control
 from shoal.workers.backends.tensorflow.signature import WIRE_OF_TF_TYPE
 from shoal.workers.backends.torchscript_io import IoSpec
 
 Run = Callable[[dict[str, Any]], dict[str, Any]]
 
 
-def load_graphdef(tf: Any, path: str, shown: str, model: str, config: Any) -> Run:
+def load_graphdef(tf: Any, path: str, shown: str, model: str, config: Any,
+                  controls: list[IoSpec]) -> Run:
     """A function from {input name: tensor} to {output name: tensor} for the GraphDef file
-    ``path`` (``shown`` names it in errors); INVALID_ARG naming the problem."""
+    ``path`` (``shown`` names it in errors; ``controls``: the config's sequence control inputs,
+    ``sequence_controls.control_inputs``); INVALID_ARG naming the problem."""
     graph_def = tf.compat.v1.GraphDef()
     try:
         with open(path, "rb") as file:
@@ -40,7 +42,6 @@ def load_graphdef(tf: Any, path: str, shown: str, model: str, config: Any) -> Ru
     placeholders = {node.name: int(node.attr["dtype"].type) for node in graph_def.node
                     if node.op == "Placeholder"}
     others = {node.name for node in graph_def.node if node.op != "Placeholder"}
-    controls = control_inputs(config)
     inputs = [io.name for io in config.input] + [spec.name for spec in controls]
     outputs = [io.name for io in config.output]
     _check(model, config, controls, placeholders, others)
