@@ -135,7 +135,7 @@ def call_of(request: InferenceRequest, decoupled: bool) -> BlsCall:
                                tensor.shape(), host_array(tensor)))
     parameters = json.loads(request.parameters() or "{}")
     return BlsCall(
-        model=text_argument(request.model_name, "InferenceRequest.model_name"), inputs=inputs,
+        model=request.model_name, inputs=inputs,  # InferenceRequest() made it text
         outputs=list(dict.fromkeys(request.requested_output_names())),  # a set, as in Triton
         version=int(request.model_version),
         request_id=request.request_id(), correlation_id=request.correlation_id(),
