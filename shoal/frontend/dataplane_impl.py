@@ -271,7 +271,10 @@ class FrontendDataPlane:
         try:
             if self._exiting:
                 raise unavailable("Server exiting")
-            return self.model(request.model, str(request.version))
+            version = request.version  # resolved by the caller (a negative one is refused)
+            number = version if version >= 0 else model_lookup.parse_version(str(version))
+            return model_lookup.resolve_number(self._models.get(request.model), request.model,
+                                               number, _serving)
         except ShoalError:
             self._end_request(request.request_id, slots)
             raise

@@ -44,6 +44,8 @@ def parse_version(text: str | None) -> int | None:
     Triton's texts for a string ``std::stol`` refuses and for a negative version."""
     if not text:
         return None
+    if len(text) <= 18 and text.isascii() and text.isdigit():
+        return int(text)  # the usual "1": digits only, inside int64 whatever they are
     body = text.lstrip(_C_SPACE)
     digits_from = 1 if body[:1] in ("+", "-") else 0
     end = digits_from
@@ -70,7 +72,12 @@ def resolve(versions: Versions | None, name: str, version: str | None,
     """The version of model ``name`` (its ``versions``, None when the name is unknown) that a
     request for ``version`` goes to; raises ShoalError with Triton's code and text (module
     doc). ``serving`` tells whether a version takes requests."""
-    number = parse_version(version)
+    return resolve_number(versions, name, parse_version(version), serving)
+
+
+def resolve_number(versions: Versions | None, name: str, number: int | None,
+                   serving: Callable[[ModelVersionInfo], bool]) -> ModelVersionInfo:
+    """``resolve`` of a version already read (``parse_version``; None: the highest ready)."""
     if not versions:
         raise not_found(f"Request for unknown model: '{name}' is not found")
     if number is None:

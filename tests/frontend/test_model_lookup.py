@@ -123,3 +123,25 @@ def test_a_version_string_of_thousands_of_digits_is_the_stol_error(text: str) ->
 def test_leading_zeros_of_any_length_are_read_as_stol_reads_them(text: str,
                                                                  version: int) -> None:
     assert model_lookup.parse_version(text) == version
+
+
+@pytest.mark.parametrize("text,version", [
+    ("0", 0), ("00", 0), ("0" * 18, 0), ("007", 7), ("999999999999999999", 10**18 - 1),
+    ("0000000000000000001", 1), ("1_0", 1), ("\u0661", None), ("\u00b2", None),
+])
+def test_strings_of_digits_only_read_as_stol_reads_them(text: str, version: int | None) -> None:
+    """(Up to 18 ASCII digits take a shortcut; non-ASCII digits are none to stol.)"""
+    if version is None:
+        with pytest.raises(ShoalError):
+            model_lookup.parse_version(text)
+    else:
+        assert model_lookup.parse_version(text) == version
+
+
+def test_resolve_number_is_resolve_of_a_version_already_read() -> None:
+    versions = {1: make_model("m", version=1), 2: make_model("m", version=2)}
+    assert model_lookup.resolve_number(versions, "m", 1, _ready).version == 1
+    assert model_lookup.resolve_number(versions, "m", None, _ready).version == 2
+    with pytest.raises(ShoalError) as caught:
+        model_lookup.resolve_number(versions, "m", 3, _ready)
+    assert caught.value.message == "Request for unknown model: 'm' version 3 is not found"
