@@ -3,8 +3,9 @@ ledger: the checkpoint's weights and the executor's KV pool.
 
 The broker never imports torch (nor ``shoal.workers.llm``, whose package imports it), so this
 reads the checkpoint's ``config.json`` and file sizes itself, with the executor's own rules
-(``workers/llm/checkpoint.read_model_spec``, ``executor._num_blocks``, ``KvCachePool``; a unit
-test holds the two to the same bytes):
+(``workers/llm/checkpoint.read_model_spec``, ``executor._num_blocks``, ``KvCachePool``; the
+fraction rule is the backend's own, ``workers/backends/llm/kv_pool``; a unit test holds the two
+to the same bytes):
 
     KV pool = layers x 2 (key, value) x blocks x tokens_per_block x kv_heads x head_dim x element
     blocks  = kv_cache_num_blocks, or max_tokens_in_paged_kv_cache / tokens_per_block (rounded
@@ -22,13 +23,13 @@ general rule (the version directory's files).
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
 from shoal.errors import ShoalError
+from shoal.workers.backends.llm.kv_pool import blocks_for_tokens, fraction_blocks
 from shoal.workers.backends.llm.trtllm_parameters import normalize_parameters
 
 _ELEMENT_BYTES: Final = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -95,11 +96,9 @@ def llm_instance_bytes(parameters: Mapping[str, str], model_dir: str,
             fraction = float(fraction_text)
         except ValueError:
             return None
-        room = max(0, (free_bytes or 0) - weights)
-        num_blocks = int(room * fraction) // per_block
-        if max_tokens is not None:  # both given: the smaller pool, as the executor sizes it
-            num_blocks = min(num_blocks, math.ceil(max_tokens / tokens_per_block))
+        num_blocks = fraction_blocks(fraction, free_bytes or 0, weights, per_block, max_tokens,
+                                     tokens_per_block)
     elif num_blocks is None:
         tokens = max_tokens if max_tokens is not None else sequences * max_seq_len
-        num_blocks = math.ceil(tokens / tokens_per_block)
+        num_blocks = blocks_for_tokens(tokens, tokens_per_block)
     return {"weights": weights, "kv_pool": num_blocks * per_block}

@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from shoal.errors import invalid_arg
+from shoal.workers.backends.llm.kv_pool import fraction_blocks
 from shoal.workers.llm import (
     BatchingType,
     CapacitySchedulerPolicy,
@@ -116,16 +117,21 @@ def read_settings(parameters: dict[str, str], model_dir: str, device: str,
     num_blocks = _optional_int(parameters, "kv_cache_num_blocks")
     max_tokens = _optional_int(parameters, "max_tokens_in_paged_kv_cache")
     fraction = _optional_fraction(parameters, "kv_cache_free_gpu_mem_fraction")
-    given = [n for n, v in (("kv_cache_num_blocks", num_blocks),
-                            ("max_tokens_in_paged_kv_cache", max_tokens),
-                            ("kv_cache_free_gpu_mem_fraction", fraction)) if v is not None]
-    if num_blocks is not None and len(given) > 1:
-        raise invalid_arg(f"llm backend: give one KV cache size, not {' and '.join(given)}")
-    if fraction is not None:
-        num_blocks = _blocks_for_fraction(fraction, checkpoint, device, tokens_per_block, dtype)
-        if max_tokens is not None:  # both: the smaller pool, as TensorRT-LLM sizes it
-            num_blocks = min(num_blocks, math.ceil(max_tokens / tokens_per_block))
-            max_tokens = None
+    if num_blocks is not None:
+        also = [n for n, v in (("max_tokens_in_paged_kv_cache", max_tokens),
+                               ("kv_cache_free_gpu_mem_fraction", fraction)) if v is not None]
+        if also:
+            raise invalid_arg("llm backend: give one KV cache size, not "
+                              f"{' and '.join(['kv_cache_num_blocks', *also])}")
+    if fraction is not None:  # with max_tokens too: the smaller pool (kv_pool)
+        num_blocks = _blocks_for_fraction(fraction, max_tokens, checkpoint, device,
+                                          tokens_per_block, dtype)
+        max_tokens = None
+    stats: dict[str, Any] = {}  # only the bounds given (0 allowed): ExecutorConfig's defaults
+    for name in ("iter_stats_max_iterations", "request_stats_max_iterations"):
+        bound = _optional_int(parameters, name, minimum=0)
+        if bound is not None:
+            stats[name] = bound
     try:
         executor_config = ExecutorConfig(
             max_beam_width=max_beam_width, max_batch_size=max_num_sequences,
@@ -137,9 +143,7 @@ def read_settings(parameters: dict[str, str], model_dir: str, device: str,
                                           max_tokens=max_tokens, num_blocks=num_blocks,
                                           enable_block_reuse=_bool(
                                               parameters, "enable_kv_cache_reuse", True)),
-            iter_stats_max_iterations=_count(parameters, "iter_stats_max_iterations", 1000),
-            request_stats_max_iterations=_count(parameters, "request_stats_max_iterations", 0),
-            device=device, dtype=dtype)
+            device=device, dtype=dtype, **stats)
     except ValueError as exc:
         raise invalid_arg(f"llm backend: {exc}") from None
     exclude = parameters.get("exclude_input_in_output", "false").strip().lower()
@@ -183,7 +187,7 @@ def _int(parameters: dict[str, str], name: str, default: int) -> int:
     return default if value is None else value
 
 
-def _optional_int(parameters: dict[str, str], name: str) -> int | None:
+def _optional_int(parameters: dict[str, str], name: str, *, minimum: int = 1) -> int | None:
     text = parameters.get(name, "").strip()
     if not text:
         return None
@@ -192,23 +196,9 @@ def _optional_int(parameters: dict[str, str], name: str) -> int | None:
     except ValueError:
         raise invalid_arg(f"llm backend: config parameter {name} must be an integer, "
                           f"got '{text}'") from None
-    if value < 1:
-        raise invalid_arg(f"llm backend: config parameter {name} must be >= 1, got {value}")
-    return value
-
-
-def _count(parameters: dict[str, str], name: str, default: int) -> int:
-    """A non-negative integer parameter (0 allowed)."""
-    text = parameters.get(name, "").strip()
-    if not text:
-        return default
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise invalid_arg(f"llm backend: config parameter {name} must be an integer >= 0, "
-                          f"got '{text}'")
+    if value < minimum:
+        raise invalid_arg(f"llm backend: config parameter {name} must be >= {minimum}, "
+                          f"got {value}")
     return value
 
 
@@ -226,14 +216,13 @@ def _optional_fraction(parameters: dict[str, str], name: str) -> float | None:
     return value
 
 
-def _blocks_for_fraction(fraction: float, checkpoint: Path, device: str, tokens_per_block: int,
-                         dtype: str | None) -> int:
+def _blocks_for_fraction(fraction: float, max_tokens: int | None, checkpoint: Path, device: str,
+                         tokens_per_block: int, dtype: str | None) -> int:
     """Blocks that fit in ``fraction`` of the device's free memory once the weights are loaded
-    (their size estimated from the checkpoint's files, scaled to the load dtype)."""
-    if not device.startswith("cuda"):
-        raise invalid_arg("llm backend: kv_cache_free_gpu_mem_fraction needs a KIND_GPU (CUDA) "
-                          "instance; on this device give kv_cache_num_blocks or "
-                          "max_tokens_in_paged_kv_cache")
+    (their size estimated from the checkpoint's files, scaled to the load dtype), at most those
+    of ``max_tokens`` (``kv_pool.fraction_blocks``)."""
+    # normalize_parameters drops the fraction on an instance that is not on a CUDA device
+    assert device.startswith("cuda"), f"kv_cache_free_gpu_mem_fraction on {device}"
     import torch
 
     spec = read_model_spec(checkpoint)
@@ -243,7 +232,7 @@ def _blocks_for_fraction(fraction: float, checkpoint: Path, device: str, tokens_
     weights = sum(f.stat().st_size for f in checkpoint.glob("*.safetensors")) * element // stored
     free, _total = torch.cuda.mem_get_info(torch.device(device))
     per_block = 2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * tokens_per_block * element
-    blocks = int(max(0, free - weights) * fraction) // per_block
+    blocks = fraction_blocks(fraction, free, weights, per_block, max_tokens, tokens_per_block)
     if blocks < 1:
         raise invalid_arg(
             f"llm backend: kv_cache_free_gpu_mem_fraction {fraction} leaves no room for a KV "
