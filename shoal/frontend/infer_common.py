@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, TypeVar
 
 from shoal.errors import invalid_arg
-from shoal.frontend.http.validation import RequestCheckError, request_tag
+from shoal.frontend.http.codec import request_tag
+from shoal.frontend.http.validation import RequestCheckError
 from shoal.messages import InferRequest, ModelVersionInfo, RequestedOutput, TensorRef
 
 _Item = TypeVar("_Item")

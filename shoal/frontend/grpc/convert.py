@@ -32,9 +32,9 @@ from shoal.frontend.http.codec import (
     OutputRequest,
     add_output_parameter,
     checked_element_count,
+    request_tag,
     string_correlation_id,
 )
-from shoal.frontend.http.validation import request_tag
 from shoal.frontend.shm_params import (
     SHM_BYTE_SIZE,
     SHM_KEYS,

@@ -32,10 +32,10 @@ from shoal.messages import ModelVersionInfo, Params, ParamValue
 UINT64_MAX: Final = (1 << 64) - 1
 SEQUENCE_START: Final = 1
 SEQUENCE_END: Final = 2
-_RAW_REQUEST_TAG: Final = "[request id: <id_unknown>] "  # validation.request_tag("")
 _LENGTH = struct.Struct("<I")
 _RESERVED_PARAMETERS: Final = frozenset({"headers"})
 _SHM_KEY_SET: Final = frozenset(SHM_KEYS)  # a tensor without them has no shared memory
+NO_REQUEST_ID: Final = "<id_unknown>"  # a request without an id, in Triton's core messages
 
 
 @dataclass(slots=True)
@@ -73,6 +73,11 @@ class DecodedRequest:
     flags: int = 0
     parameters: Params = field(default_factory=dict)
     raw: bool = False
+
+
+def request_tag(client_id: str) -> str:
+    """The start of Triton's core messages about a request: ``[request id: <id>] ``."""
+    return f"[request id: {client_id or NO_REQUEST_ID}] "
 
 
 def split_body(body: memoryview, header_length: str | None) -> tuple[memoryview, memoryview] | None:
@@ -126,7 +131,7 @@ def decode_raw_request(body: memoryview, model: ModelVersionInfo) -> DecodedRequ
     [1] + dims (batching) or dims with at most one -1, deduced from the byte size; BYTES needs
     shape [1]. All outputs come back binary. Errors carry Triton's core start for a request
     without an id (``[request id: <id_unknown>] ``)."""
-    tag = _RAW_REQUEST_TAG
+    tag = request_tag("")
     if len(model.inputs) != 1:
         raise invalid_arg(
             f"{tag}Raw request must only have 1 input (found 1) to be deduced but got "

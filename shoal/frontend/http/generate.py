@@ -57,13 +57,18 @@ from starlette.responses import Response, StreamingResponse
 
 from shoal import dtypes
 from shoal.errors import ErrorCode, ShoalError, invalid_arg
-from shoal.frontend.http.codec import DecodedInput, DecodedRequest, decode_request_parameters
+from shoal.frontend.http.codec import (
+    DecodedInput,
+    DecodedRequest,
+    decode_request_parameters,
+    request_tag,
+)
 from shoal.frontend.http.errors import error_response, shoal_error_response, status_for
 from shoal.frontend.http.infer import read_body
 from shoal.frontend.http.json_tensors import json_tensor_bytes, json_type_error
 from shoal.frontend.http.jsonparse import parse_json_object
 from shoal.frontend.http.response import json_data
-from shoal.frontend.http.validation import request_tag, validate_request
+from shoal.frontend.http.validation import validate_request
 from shoal.frontend.infer_common import closing, prepare_request
 from shoal.messages import InferRequest, InferResponse, ModelVersionInfo, TensorRef, TensorSpec
 

@@ -20,6 +20,7 @@ from shoal.frontend.http.codec import (
     DecodedInput,
     DecodedRequest,
     format_dims,
+    request_tag,
 )
 from shoal.frontend.shm_params import SharedMemorySlice
 from shoal.messages import ModelVersionInfo, Params, TensorSpec
@@ -35,7 +36,6 @@ _BATCH_NOTE: Final = (
     "configuration docs for more info on max_batch_size."
 )
 _LENGTH = struct.Struct("<I")
-_NO_REQUEST_ID: Final = "<id_unknown>"
 
 
 class RequestCheckError(ShoalError):
@@ -44,11 +44,6 @@ class RequestCheckError(ShoalError):
 
     def __init__(self, message: str) -> None:
         super().__init__(ErrorCode.INVALID_ARG, message)
-
-
-def request_tag(client_id: str) -> str:
-    """The start of Triton's core messages about a request: ``[request id: <id>] ``."""
-    return f"[request id: {client_id or _NO_REQUEST_ID}] "
 
 
 @dataclass(frozen=True, slots=True)
