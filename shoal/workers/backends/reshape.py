@@ -1,46 +1,44 @@
-"""The config's ``reshape`` for python models, applied as Triton's core applies it for every
-backend: an input of ``dims`` reaches ``execute`` in the ``reshape`` shape, and an output the
-model produced in the ``reshape`` shape leaves in the ``dims`` shape (the batch dimension, when
-the model batches, stays in front either way).
+"""A config's ``reshape`` applied as Triton's core applies it for every backend: an input of
+``dims`` reaches the model in the ``reshape`` shape, and an output the model produced in the
+``reshape`` shape leaves in the ``dims`` shape (the batch dimension, when the model batches,
+stays in front either way). Works from the ``torchscript_io.IoSpec`` of each tensor; used by
+the python backend.
 
 Variable-size dimensions: the ``-1`` entries of the target take, in order, the sizes the
 array has at the ``-1`` entries of the source (the config checks made both lists have the
-same variable-size dimensions, ``model_config_checks._validate_io_shape``). An array whose
-shape does not fit the source (a model that produced an output of another rank or size) is
-left as it is. Reshaping never copies: ``execute`` gets a view of the request's memory.
+same variable-size dimensions, ``model_config_checks._validate_io_shape``), so several of
+them map correctly. An array whose shape does not fit the source (a model that produced an
+output of another rank or size) is left as it is. Reshaping never copies: the model gets a
+view of the request's memory.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from shoal.model_config_checks import WILDCARD_DIM
+from shoal.workers.backends.torchscript_io import IoSpec, io_spec
 
 
-@dataclass(frozen=True, slots=True)
-class Reshape:
-    dims: tuple[int, ...]  # what clients send and see (without the batch dimension)
-    model: tuple[int, ...]  # what the model sees and produces (``reshape.shape``)
+def reshapes(ios: Iterable[Any]) -> dict[str, IoSpec]:
+    """Tensor name -> its IoSpec, for the config inputs or outputs that have a ``reshape``."""
+    return {io.name: io_spec(io) for io in ios if io.HasField("reshape")}
 
 
-def reshapes(ios: Iterable[Any]) -> dict[str, Reshape]:
-    """Tensor name -> its Reshape, for the config inputs or outputs that have a ``reshape``."""
-    return {io.name: Reshape(tuple(int(d) for d in io.dims),
-                             tuple(int(d) for d in io.reshape.shape))
-            for io in ios if io.HasField("reshape")}
+def to_model(array: Any, spec: IoSpec, batching: bool) -> Any:
+    """An input as the model sees it: ``dims`` -> ``reshape.shape``."""
+    if spec.reshape is None:
+        return array
+    return _mapped(array, spec.dims, spec.reshape, batching)
 
 
-def to_model(array: Any, reshape: Reshape, batching: bool) -> Any:
-    """An input as ``execute`` sees it: ``dims`` -> ``reshape.shape``."""
-    return _mapped(array, reshape.dims, reshape.model, batching)
-
-
-def to_client(array: Any, reshape: Reshape, batching: bool) -> Any:
+def to_client(array: Any, spec: IoSpec, batching: bool) -> Any:
     """An output as the client gets it: ``reshape.shape`` -> ``dims``."""
-    return _mapped(array, reshape.model, reshape.dims, batching)
+    if spec.reshape is None:
+        return array
+    return _mapped(array, spec.reshape, spec.dims, batching)
 
 
 def _mapped(array: Any, source: tuple[int, ...], target: tuple[int, ...],

@@ -14,8 +14,8 @@ worker's cancellation flags. BLS (``InferenceRequest(...).exec()`` / ``async_exe
 control go through ``ctx.bls`` (``pb_bls``): model control from ``initialize`` on, BLS inference
 from the end of ``initialize`` until ``finalize``. Not supported yet: rescheduling.
 
-A config ``reshape`` is applied as Triton's core applies it (``reshape.py``): inputs reach
-``execute`` in their reshape shape, outputs leave in their ``dims`` shape.
+A config ``reshape`` is applied as Triton's core applies it (``backends/reshape.py``): inputs
+reach ``execute`` in their reshape shape, outputs leave in their ``dims`` shape.
 
 Ragged batching needs nothing here, as in Triton's python backend: every request reaches the
 model with its own inputs in their own shapes (``allow_ragged_batch`` only lets the broker batch
@@ -49,8 +49,9 @@ from shoal.workers.backends.python import pb_bls, pb_utils
 from shoal.workers.backends.python.loader import import_model_file
 from shoal.workers.backends.python.pb_request import InferenceRequest, InferenceResponse
 from shoal.workers.backends.python.pb_tensor import TRITON_TO_WIRE, Tensor, host_array
-from shoal.workers.backends.python.reshape import Reshape, reshapes, to_client, to_model
+from shoal.workers.backends.reshape import reshapes, to_client, to_model
 from shoal.workers.backends.torch_threads import apply_intra_op_threads
+from shoal.workers.backends.torchscript_io import IoSpec
 
 logger = logging.getLogger(__name__)
 
@@ -66,8 +67,8 @@ class PythonBackend:
         self._instance_name = ""
         self._output_datatypes: dict[str, str] = {}
         self._all_outputs: list[str] = []
-        self._input_reshapes: dict[str, Reshape] = {}  # config inputs with a ``reshape``
-        self._output_reshapes: dict[str, Reshape] = {}
+        self._input_reshapes: dict[str, IoSpec] = {}  # config inputs with a ``reshape``
+        self._output_reshapes: dict[str, IoSpec] = {}
         self._batching = False
         self._runner = _AsyncRunner()
         self._warned_dtype: set[str] = set()
