@@ -87,6 +87,8 @@ _ANSWER_ERROR_STATUS: Final = 400
 _INT64_MIN: Final = -(1 << 63)
 _INT64_MAX: Final = (1 << 63) - 1
 _UINT64_MAX: Final = (1 << 64) - 1
+# an answer's names in byte order, Triton's (UTF-8 byte order is code point order: sorted()'s)
+_DUMP_OPTIONS: Final = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_SORT_KEYS
 
 
 class JsonMembers(list[tuple[str, Any]]):
@@ -247,7 +249,8 @@ def output_value(ref: TensorRef, view: memoryview) -> Any:
 @dataclass(frozen=True, slots=True)
 class _Event:
     """One response of the model as generate writes it: a document, or an error response
-    (``error`` set, ``document`` its ``{"error"}``)."""
+    (``error`` set, ``document`` its ``{"error"}``). Written with its names sorted
+    (``_DUMP_OPTIONS``)."""
 
     document: dict[str, Any]
     error: ShoalError | None = None
@@ -323,7 +326,8 @@ class GenerateHandler:
 
     def _document(self, outcome: InferOutcome, response: InferResponse,
                   client_id: str) -> dict[str, Any]:
-        """Triton's generate answer: names in byte order, the reserved ones first in a clash."""
+        """Triton's generate answer, the reserved names first in a clash (written with its
+        names in byte order: ``_DUMP_OPTIONS``)."""
         fields: dict[str, Any] = {}
         if client_id:
             fields["id"] = client_id
@@ -334,7 +338,7 @@ class GenerateHandler:
         for ref in response.outputs:
             if ref.name not in fields:
                 fields[ref.name] = output_value(ref, self._dataplane.output_view(ref))
-        return {key: fields[key] for key in sorted(fields)}
+        return fields
 
 
 async def _single(events: AsyncIterator[_Event]) -> Response:
@@ -346,7 +350,7 @@ async def _single(events: AsyncIterator[_Event]) -> Response:
             if len(found) > 1:
                 break  # no need to wait for the rest: closing cancels the request
     if len(found) == 1 and found[0].error is None:
-        return Response(orjson.dumps(found[0].document, option=orjson.OPT_SERIALIZE_NUMPY), 200,
+        return Response(orjson.dumps(found[0].document, option=_DUMP_OPTIONS), 200,
                         media_type=JSON_CONTENT_TYPE)
     first = found[0] if found else None
     if first is not None and first.error is not None:
@@ -366,7 +370,7 @@ async def _first(events: AsyncIterator[_Event]) -> _Event | None:
 
 
 def _event_bytes(document: dict[str, Any]) -> bytes:
-    return b"data: " + orjson.dumps(document, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n\n"
+    return b"data: " + orjson.dumps(document, option=_DUMP_OPTIONS) + b"\n\n"
 
 
 async def _no_events() -> AsyncIterator[bytes]:

@@ -191,6 +191,19 @@ def test_generate_answers_one_json_object(client: TestClient,
     assert len(dataplane.released) == 2
 
 
+def test_generate_writes_non_ascii_names_in_byte_order(client: TestClient,
+                                                       dataplane: StreamingFakeDataPlane) -> None:
+    """Byte order of the UTF-8 names, as sorting the code points gives it (astral last)."""
+    dataplane.response_parameters = {"\U00010000": 1, "\uffff": 2, "\u00e9": 3, "Z": 4,
+                                      "model_name": "not this one"}
+    expected = (b'{"OUTPUT0":4.0,"Z":4,"model_name":"identity","model_version":"1",'
+                + '"\u00e9":3,"\uffff":2,"\U00010000":1}'.encode())
+    r = client.post("/v2/models/identity/generate", json={"INPUT0": 4.0})
+    assert r.content == expected
+    r = client.post("/v2/models/identity/generate_stream", json={"INPUT0": 4.0})
+    assert r.content == b"data: " + expected + b"\n\n"
+
+
 def test_generate_needs_exactly_one_response_of_a_decoupled_model(client: TestClient) -> None:
     r = client.post("/v2/models/decoupled/generate", json={"INPUT0": [3.0]})
     assert r.status_code == 200 and r.json()["OUTPUT0"] == 3.0
