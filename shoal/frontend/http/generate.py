@@ -168,10 +168,12 @@ def _add_input(request: DecodedRequest, spec: TensorSpec, value: Any, batching: 
 def _input_tensor(spec: TensorSpec, value: Any, batching: bool) -> DecodedInput:
     is_array = isinstance(value, list) and not isinstance(value, JsonMembers)
     leaves = _leaves(value) if is_array else [value]
-    if spec.datatype == "BYTES":
-        _check_leaf_types(leaves, spec.datatype)  # Triton sizes BYTES data before the shape
+    types_first = spec.datatype == "BYTES"  # Triton sizes BYTES data before the shape
+    if types_first:
+        _check_leaf_types(leaves, spec.datatype)
     shape = fit_shape(spec, len(value) if is_array else 1, batching)
-    _check_leaf_types(leaves, spec.datatype)
+    if not types_first:
+        _check_leaf_types(leaves, spec.datatype)
     count = dtypes.element_count(shape)
     data = json_tensor_bytes(leaves, spec.datatype, count, spec.name)
     return DecodedInput(spec.name, spec.datatype, shape, data, count)
