@@ -216,6 +216,11 @@ class Executor:
         with self._lock:
             return not self._stopped
 
+    def loop_alive(self) -> bool:
+        """Whether the loop thread still runs (False after ``shutdown``, or once it died of an
+        error outside an iteration: nothing would answer the requests then)."""
+        return self._thread.is_alive()
+
     def shutdown(self) -> None:
         """Stop the loop; requests still live end with an error response."""
         with self._lock:

@@ -26,7 +26,8 @@ Not decoupled (``model_transaction_policy { decoupled: false }``): each request 
 response, as from TensorRT-LLM's backend in that mode: streaming is refused ("Streaming is only
 supported if model is deployed using decoupled mode.") and so is more than one sequence per
 request ("Batch size > 1 requires ..."). ``execute`` enqueues every request of the batch, then
-waits until each has its final result (collected by ``_collect`` from the executor's thread)
+waits until each has its final result (collected by ``_collect`` from the executor's thread;
+should that thread die, the waiting requests answer INTERNAL within ``LIVENESS_CHECK_S``)
 and returns them: the requests of one batch run in flight together, and the next batch
 starts when this one has ended (Triton's backend API lets TensorRT-LLM answer after
 ``execute`` returned; shoal's worker takes the answers of a non-decoupled model from
@@ -67,7 +68,7 @@ import threading
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from shoal.errors import ErrorCode, ShoalError, invalid_arg
 from shoal.messages import Error, LlmStats
@@ -112,6 +113,9 @@ if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
 logger = logging.getLogger(__name__)
+
+# not decoupled: how often execute, waiting for the answers, checks the executor's loop lives
+LIVENESS_CHECK_S: Final = 1.0
 
 
 
@@ -162,9 +166,8 @@ class LlmBackend:
         self._token_logprobs: TokenLogprobs | None = None
         self._stream_batch: Callable[[], AbstractContextManager[None]] = nullcontext
         self._decoupled = True
-        # not decoupled: worker request id -> its answer, and the ids whose final came
-        self._collected: dict[int, BackendResponse | Error] = {}
-        self._finished: set[int] = set()
+        # not decoupled: worker request id -> (its latest answer, whether its final came)
+        self._collected: dict[int, tuple[BackendResponse | Error | None, bool]] = {}
         self._collect_done = threading.Condition()
 
     # ------------------------------------------------------------------ contract
@@ -223,19 +226,40 @@ class LlmBackend:
                             ) -> list[BackendResponse | Error]:
         """Not decoupled: enqueue every request, wait for each one's final result, return the
         answers (an Error for a request refused, failed or cancelled)."""
+        executor = self._executor
+        assert executor is not None, "execute() before load()"
         refused = [self._submit(request) for request in requests]
         running = {r.request_id for r, problem in zip(requests, refused, strict=True)
                    if problem is None}
+
+        def finished() -> bool:
+            return all(self._collected.get(i, (None, False))[1] for i in running)
+
         with self._collect_done:
-            self._collect_done.wait_for(lambda: running <= self._finished)
-            self._finished -= running
-            answers = {request_id: self._collected.pop(request_id, None)
+            # the executor's loop thread answers; should it die (an error outside an
+            # iteration), nothing would, so its life is checked at every wake-up
+            while not finished() and executor.loop_alive():
+                self._collect_done.wait(timeout=LIVENESS_CHECK_S)
+            answers = {request_id: self._collected.pop(request_id, (None, False))
                        for request_id in running}
+        stranded = {request_id for request_id, (_, final) in answers.items() if not final}
+        if stranded:
+            logger.error("llm backend: the LLM executor's loop thread has stopped; %d "
+                         "request(s) answered INTERNAL", len(stranded))
+            with self._lock:
+                for executor_id in [k for k, o in self._open.items()
+                                    if o.worker_id in stranded]:
+                    del self._open[executor_id]
         results: list[BackendResponse | Error] = []
         for request, problem in zip(requests, refused, strict=True):
-            answer = problem or answers.get(request.request_id)
-            results.append(answer if answer is not None else
-                           Error(ErrorCode.CANCELLED, "the request was cancelled"))
+            answer, final = answers.get(request.request_id, (None, True))
+            if problem is not None:
+                results.append(problem)
+            elif not final:
+                results.append(Error(ErrorCode.INTERNAL, "the LLM executor has stopped"))
+            else:
+                results.append(answer if answer is not None else
+                               Error(ErrorCode.CANCELLED, "the request was cancelled"))
         return results
 
     def _collect(self, request_id: int, answer: BackendResponse | Error | None,
@@ -243,10 +267,9 @@ class LlmBackend:
         """The response sink when not decoupled (the executor's thread): keep the answer (a
         request that is not streamed has one), wake ``execute`` at the final one."""
         with self._collect_done:
-            if answer is not None:
-                self._collected[request_id] = answer
+            kept = self._collected.get(request_id, (None, False))[0]
+            self._collected[request_id] = (answer if answer is not None else kept, final)
             if final:
-                self._finished.add(request_id)
                 self._collect_done.notify_all()
 
     def unload(self) -> None:
