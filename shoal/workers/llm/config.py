@@ -72,7 +72,7 @@ class ExecutorConfig:
     over several iterations, in chunks of whole KV blocks that fill what the generating
     requests leave of ``max_num_tokens`` (TRT-LLM's chunked context; off by default as there).
     ``max_queue_size``: the most requests waiting to be admitted to a batch; one more is refused
-    (UNAVAILABLE) at enqueue. None or 0: no limit (TRT-LLM's ``maxQueueSize``)."""
+    (UNAVAILABLE) at enqueue. 0: no limit (TRT-LLM's ``maxQueueSize``)."""
 
     max_beam_width: int = 1
     max_batch_size: int = 64
@@ -84,7 +84,7 @@ class ExecutorConfig:
     kv_cache_config: KvCacheConfig = field(default_factory=KvCacheConfig)
     iter_stats_max_iterations: int = 1000
     request_stats_max_iterations: int = 0
-    max_queue_size: int | None = None
+    max_queue_size: int = 0
     device: str = "cpu"
     dtype: str | None = None
     logits_post_processor_config: LogitsPostProcessorConfig | None = None

@@ -198,7 +198,7 @@ class LlmBackend:
                        if config.HasField("dynamic_batching") else 0)
         executor = Executor(settings.checkpoint_dir, dataclasses.replace(
             settings.executor_config, guided_decoding_config=guided,
-            logits_post_processor_config=processors, max_queue_size=queue_limit or None))
+            logits_post_processor_config=processors, max_queue_size=queue_limit))
         self._executor = executor
         if executor.tokenizer is not None:
             self._token_logprobs = TokenLogprobs(executor.tokenizer)
