@@ -66,7 +66,7 @@ from shoal.frontend.http.codec import (
 from shoal.frontend.http.errors import error_response, shoal_error_response, status_for
 from shoal.frontend.http.infer import read_body
 from shoal.frontend.http.json_tensors import json_tensor_bytes, json_type_error
-from shoal.frontend.http.jsonparse import parse_json_object
+from shoal.frontend.http.jsonparse import parse_json_pairs
 from shoal.frontend.http.response import json_data
 from shoal.frontend.http.validation import validate_request
 from shoal.frontend.infer_common import closing, prepare_request
@@ -97,12 +97,9 @@ class JsonMembers(list[tuple[str, Any]]):
 
 
 def parse_generate_body(body: bytes | memoryview) -> JsonMembers:
-    """The request body's members. ``parse_json_object`` first (its limits and error texts),
-    then again keeping every member: orjson keeps only the last of a duplicated key."""
-    parse_json_object(body, "generate request")
-    members = json.loads(bytes(body), object_pairs_hook=JsonMembers)
-    assert isinstance(members, JsonMembers)  # parse_json_object saw an object
-    return members
+    """The request body's members, every one kept (orjson keeps only the last of a duplicated
+    key), with ``parse_json_object``'s limits and error texts."""
+    return parse_json_pairs(body, "generate request", JsonMembers)
 
 
 def decode_generate_request(document: Mapping[str, Any] | JsonMembers,

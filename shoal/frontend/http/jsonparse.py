@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import numpy as np
 import orjson
@@ -25,6 +25,7 @@ _OPEN = (ord("["), ord("{"))
 _CLOSE = (ord("]"), ord("}"))
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
+_Pairs = TypeVar("_Pairs")
 
 
 def json_depth_exceeds(text: bytes | memoryview, limit: int = MAX_JSON_DEPTH) -> bool:
@@ -116,4 +117,24 @@ def parse_json_object(text: bytes | memoryview, what: str = "request JSON") -> d
     document = parse_json(text, what)
     if not isinstance(document, dict):
         raise invalid_arg(f"failed to parse the {what}: expected a JSON object")
+    return document
+
+
+def parse_json_pairs(text: bytes | memoryview, what: str, pairs_type: type[_Pairs]) -> _Pairs:
+    """A text ``parse_json_object`` takes, parsed by the standard library parser with every
+    object as ``pairs_type(its members in order)`` (``object_pairs_hook``: duplicated keys
+    kept); anything else raises ``parse_json_object``'s error. One parse, unless that parse
+    fails (or the text holds a surrogate escape): then ``parse_json_object`` first, for its
+    texts."""
+    raw = bytes(text)
+    if not json_depth_exceeds(raw) and not _SURROGATE_ESCAPE.search(raw):
+        try:
+            document = json.loads(raw, object_pairs_hook=pairs_type)
+        except (ValueError, RecursionError):
+            document = None
+        if isinstance(document, pairs_type):
+            return document
+    parse_json_object(raw, what)
+    document = json.loads(raw, object_pairs_hook=pairs_type)
+    assert isinstance(document, pairs_type)  # parse_json_object saw an object
     return document

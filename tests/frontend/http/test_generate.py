@@ -23,6 +23,7 @@ from shoal.frontend.http.generate import (
     output_value,
     parse_generate_body,
 )
+from shoal.frontend.http.jsonparse import parse_json_object
 from shoal.messages import TensorRef, TensorSpec
 from shoal.settings import Settings
 from tests.frontend.grpc.fakes import StreamingFakeDataPlane
@@ -138,6 +139,31 @@ def test_a_parameter_given_twice_is_fine() -> None:
     decoded = decode_generate_request(
         parse_generate_body(b'{"PROMPT": "a", "k": 1, "k": 2, "parameters": {"k": 3}}'), TEXT)
     assert decoded.parameters == {"k": 3}
+
+
+@pytest.mark.parametrize("body", [
+    b"[1]", b"1", b'"x"', b"{", b'{"a": 1,}', b"[" * 101 + b"]" * 101,
+    b'{"a": ' + b"[" * 100 + b"]" * 100 + b"}", b'{"a": "\\ud800"}', b'{"a": "\xff"}',
+    b'{"a": 1' + b"0" * 5000 + b"}",
+])
+def test_a_generate_body_is_refused_with_the_request_json_texts(body: bytes) -> None:
+    with pytest.raises(ShoalError) as expected:
+        parse_json_object(body, "generate request")
+    with pytest.raises(ShoalError) as caught:
+        parse_generate_body(body)
+    assert (caught.value.code, caught.value.message) == (expected.value.code,
+                                                         expected.value.message)
+
+
+@pytest.mark.parametrize("body,members", [
+    (b'{"a": NaN, "a": [Infinity]}', [("a", math.nan), ("a", [math.inf])]),
+    (b'\xef\xbb\xbf {"b": {"c": 1, "c": 2}}', [("b", [("c", 1), ("c", 2)])]),
+    ('{"\u00e9": "\U0001f600"}'.encode(), [("\u00e9", "\U0001f600")]),
+    (b'{"s": "\\ud83d\\ude00"}', [("s", "\U0001f600")]),  # a pair of escapes is one character
+])
+def test_a_generate_body_keeps_every_member(body: bytes, members: list[Any]) -> None:
+    parsed = parse_generate_body(body)
+    assert repr(parsed) == repr(members)
 
 
 def ref(datatype: str, shape: list[int]) -> TensorRef:
