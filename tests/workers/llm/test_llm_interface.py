@@ -23,6 +23,7 @@ from shoal.workers.backends.llm.interface import (
 )
 from shoal.workers.llm import FinishReason, Result
 from shoal.workers.llm.tiny_checkpoint import write_tokenizer
+from shoal.workers.llm.validation import Limits, request_error
 
 
 def _request(**inputs: Any) -> BackendRequest:
@@ -191,3 +192,20 @@ def test_seed_is_read_under_trtllms_stock_name_too() -> None:
     assert seed(seed=np.array([7], np.uint64)) == 7
     assert seed(seed=np.array([7], np.uint64), random_seed=np.array([9], np.uint64)) == 9
     assert seed() is None
+
+
+@pytest.mark.parametrize(("given", "named"), [
+    ({"seed": np.array([-1], np.int64)}, "seed"),
+    ({"random_seed": np.array([-1], np.int64)}, "random_seed"),
+    ({"seed": np.array([1], np.int64), "random_seed": np.array([-1], np.int64)}, "random_seed"),
+])
+def test_a_bad_seed_is_reported_under_the_input_it_came_in(given: dict[str, Any],
+                                                           named: str) -> None:
+    parsed = parse_request(_request(input_ids=np.array([5, 6], np.int32),
+                                    request_output_len=np.array([4]), **given),
+                           batching=False, tokenizer=None, eos_token_id=2, exclude_input=False)
+    problem = request_error(parsed.request, Limits(vocab_size=100, max_beam_width=1,
+                                                   max_seq_len=64, num_blocks=8,
+                                                   tokens_per_block=8))
+    assert problem is not None
+    assert client_message(problem, parsed.field_names) == f"{named} must be >= 0, got -1"

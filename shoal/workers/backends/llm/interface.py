@@ -215,6 +215,11 @@ def _seed(inputs: dict[str, npt.NDArray[Any]]) -> int | None:
     return _int(inputs, "seed") if seed is None else seed
 
 
+def _seed_name(inputs: dict[str, npt.NDArray[Any]]) -> str:
+    """The input ``_seed`` read, for the executor's messages about it."""
+    return "seed" if "seed" in inputs and "random_seed" not in inputs else "random_seed"
+
+
 def _top_k(value: int | None, name: str) -> int | None:
     if value is not None and value < 0:
         raise invalid_arg(f"input '{name}' must be >= 0, got {value}")
@@ -252,7 +257,7 @@ def _tensor_request(inputs: dict[str, npt.NDArray[Any]], exclude_input: bool) ->
              "max_tokens": "request_output_len",
              "stop_words": "stop_words_list", "bad_words": "bad_words_list",
              "sampling_config.top_k": "runtime_top_k", "sampling_config.top_p": "runtime_top_p",
-             "sampling_config.seed": "random_seed"} | GUIDED_FIELD_NAMES | LOGITS_FIELD_NAMES
+             "sampling_config.seed": _seed_name(inputs)} | GUIDED_FIELD_NAMES | LOGITS_FIELD_NAMES
     return ParsedRequest(request, False, names)
 
 
@@ -329,7 +334,7 @@ def _text_request(inputs: dict[str, npt.NDArray[Any]], tokenizer: Tokenizer,
     prompt_name = "messages" if "messages" in inputs else "text_input"
     names = {"input_token_ids": prompt_name, "input length": f"{prompt_name} length (tokens)",
              "sampling_config.top_k": "top_k",
-             "sampling_config.top_p": "top_p", "sampling_config.seed": "random_seed",
+             "sampling_config.top_p": "top_p", "sampling_config.seed": _seed_name(inputs),
              } | GUIDED_FIELD_NAMES | LOGITS_FIELD_NAMES
     return ParsedRequest(request, True, names)
 
