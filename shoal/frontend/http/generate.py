@@ -65,7 +65,7 @@ from shoal.frontend.http.codec import (
 )
 from shoal.frontend.http.errors import error_response, shoal_error_response, status_for
 from shoal.frontend.http.infer import read_body
-from shoal.frontend.http.json_tensors import json_tensor_bytes, json_type_error
+from shoal.frontend.http.json_tensors import flatten, json_tensor_bytes, json_type_error
 from shoal.frontend.http.jsonparse import parse_json_pairs
 from shoal.frontend.http.response import json_data
 from shoal.frontend.http.validation import validate_request
@@ -91,9 +91,9 @@ _UINT64_MAX: Final = (1 << 64) - 1
 _DUMP_OPTIONS: Final = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_SORT_KEYS
 
 
-class JsonMembers(list[tuple[str, Any]]):
+class JsonMembers(tuple[tuple[str, Any], ...]):
     """A JSON object as its members in order, duplicates kept (``json``'s
-    ``object_pairs_hook``)."""
+    ``object_pairs_hook``). A tuple, so that no JSON array (a list) is taken for one."""
 
 
 def parse_generate_body(body: bytes | memoryview) -> JsonMembers:
@@ -163,8 +163,8 @@ def _add_input(request: DecodedRequest, spec: TensorSpec, value: Any, batching: 
 
 
 def _input_tensor(spec: TensorSpec, value: Any, batching: bool) -> DecodedInput:
-    is_array = isinstance(value, list) and not isinstance(value, JsonMembers)
-    leaves = _leaves(value) if is_array else [value]
+    is_array = isinstance(value, list)
+    leaves = flatten(value) if is_array else [value]
     types_first = spec.datatype == "BYTES"  # Triton sizes BYTES data before the shape
     if types_first:
         _check_leaf_types(leaves, spec.datatype)
@@ -196,21 +196,6 @@ def fit_shape(spec: TensorSpec, count: int, batching: bool) -> list[int]:
 
 def _unfit(name: str) -> ShoalError:
     return invalid_arg(f"The schema can not convert input '{name}' to tensor with proper shape")
-
-
-def _leaves(value: list[Any]) -> list[Any]:
-    """An array's elements, nested arrays flattened (row-major); an object is one element."""
-    flat: list[Any] = []
-    stack = [iter(value)]
-    while stack:
-        for item in stack[-1]:
-            if isinstance(item, list) and not isinstance(item, JsonMembers):
-                stack.append(iter(item))
-                break
-            flat.append(item)
-        else:
-            stack.pop()
-    return flat
 
 
 def _check_leaf_types(leaves: list[Any], datatype: str) -> None:

@@ -56,7 +56,9 @@ def json_tensor_bytes(data: Any, datatype: str, count: int, name: str) -> memory
     return memoryview(array.view(np.uint8))  # type: ignore[arg-type]
 
 
-def _flatten(data: list[Any]) -> list[Any]:
+def flatten(data: list[Any]) -> list[Any]:
+    """``data``'s elements, nested arrays (lists) flattened, row-major; anything else (an
+    object: a dict, or generate's ``JsonMembers``) is one element."""
     flat: list[Any] = []
     stack = [iter(data)]
     while stack:
@@ -74,7 +76,7 @@ def _json_numeric(data: list[Any], datatype: str, count: int, name: str) -> np.n
     try:
         array = np.asarray(data)
     except (ValueError, TypeError, OverflowError):
-        array = np.asarray(_flatten(data))  # ragged nesting: Triton counts the leaves
+        array = np.asarray(flatten(data))  # ragged nesting: Triton counts the leaves
     if array.size != count:
         raise invalid_arg(
             f"Unable to parse 'data' for input '{name}': expected {count} elements to match "
@@ -93,7 +95,7 @@ def _json_numeric(data: list[Any], datatype: str, count: int, name: str) -> np.n
 def _exact_integers(data: list[Any], target: np.dtype[Any]) -> np.ndarray[Any, Any] | None:
     """numpy turns [-1, 2**64 - 1] into float64 (or object): when every element is a Python int
     that fits ``target``, convert exactly; otherwise None (the value check then reports)."""
-    values = _flatten(data)
+    values = flatten(data)
     if not all(type(v) is int for v in values):
         return None
     info = np.iinfo(target)
@@ -131,14 +133,14 @@ def _holds_a_bool(data: list[Any]) -> bool:
     types)."""
     types = set(map(type, data))
     if list in types:
-        types = set(map(type, _flatten(data)))
+        types = set(map(type, flatten(data)))
     return bool in types
 
 
 def _json_bytes(data: list[Any], count: int, name: str) -> bytes:
     """Framed strings. Their number is not checked against ``count`` here: Triton's core does
     it (``validation.check_bytes_framing``, "expected N string elements ...")."""
-    flat = data if all(isinstance(s, str) for s in data) else _flatten(data)
+    flat = data if all(isinstance(s, str) for s in data) else flatten(data)
     parts: list[bytes] = []
     pack = _LENGTH.pack
     for element in flat:

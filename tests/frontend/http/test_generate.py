@@ -18,6 +18,7 @@ from shoal.frontend.http.app import create_app
 from shoal.frontend.http.codec import SEQUENCE_START
 from shoal.frontend.http.generate import (
     ONE_RESPONSE_ERROR,
+    JsonMembers,
     decode_generate_request,
     fit_shape,
     output_value,
@@ -162,8 +163,12 @@ def test_a_generate_body_is_refused_with_the_request_json_texts(body: bytes) -> 
     (b'{"s": "\\ud83d\\ude00"}', [("s", "\U0001f600")]),  # a pair of escapes is one character
 ])
 def test_a_generate_body_keeps_every_member(body: bytes, members: list[Any]) -> None:
-    parsed = parse_generate_body(body)
-    assert repr(parsed) == repr(members)
+    def plain(value: Any) -> Any:
+        if isinstance(value, JsonMembers):
+            return [(key, plain(item)) for key, item in value]
+        return [plain(item) for item in value] if isinstance(value, list) else value
+
+    assert repr(plain(parse_generate_body(body))) == repr(members)  # (NaN != NaN)
 
 
 def ref(datatype: str, shape: list[int]) -> TensorRef:
