@@ -17,9 +17,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, TypeVar
 
-from shoal.errors import invalid_arg
-from shoal.frontend.http.codec import request_tag
-from shoal.frontend.http.validation import RequestCheckError
+from shoal.frontend.http.validation import RequestCheckError, tagged
 from shoal.messages import InferRequest, ModelVersionInfo, RequestedOutput, TensorRef
 
 _Item = TypeVar("_Item")
@@ -117,7 +115,7 @@ def _place_inputs(
                     request_id, shm.region, shm.offset, shm.byte_size, tensor.name,
                     tensor.datatype, tensor.shape, model_name=model_name))
             except RequestCheckError as error:
-                raise invalid_arg(request_tag(decoded.client_id) + error.message) from None
+                raise tagged(error, decoded.client_id) from None
             continue
         if body is not None and tensor.body_offset >= 0:
             offset = body.slot.offset + body.start + tensor.body_offset

@@ -32,9 +32,9 @@ from shoal.frontend.http.codec import (
     OutputRequest,
     add_output_parameter,
     checked_element_count,
-    request_tag,
     string_correlation_id,
 )
+from shoal.frontend.http.validation import datatype_mismatch, tagged, unexpected_input
 from shoal.frontend.shm_params import (
     SHM_BYTE_SIZE,
     SHM_KEYS,
@@ -170,9 +170,8 @@ def _invalid_datatype(client_id: str, name: str, model: ModelVersionInfo) -> Sho
     """What Triton's core says of a datatype it does not know (it reads it as ``<invalid>``)."""
     expected = next((spec.datatype for spec in model.inputs if spec.name == name), None)
     if expected is None:
-        return invalid_arg(f"unexpected inference input '{name}' for model '{model.name}'")
-    return invalid_arg(f"{request_tag(client_id)}inference input '{name}' data-type is "
-                       f"'<invalid>', but model '{model.name}' expects '{expected}'")
+        return unexpected_input(name, model.name)
+    return tagged(datatype_mismatch(name, "<invalid>", model.name, expected), client_id)
 
 
 def _decode_inputs(message: Any, raw: Sequence[bytes | memoryview],

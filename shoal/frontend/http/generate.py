@@ -61,14 +61,13 @@ from shoal.frontend.http.codec import (
     DecodedInput,
     DecodedRequest,
     decode_request_parameters,
-    request_tag,
 )
 from shoal.frontend.http.errors import error_response, shoal_error_response, status_for
 from shoal.frontend.http.infer import read_body
 from shoal.frontend.http.json_tensors import flatten, json_tensor_bytes, json_type_error
 from shoal.frontend.http.jsonparse import parse_json_pairs
 from shoal.frontend.http.response import json_data
-from shoal.frontend.http.validation import validate_request
+from shoal.frontend.http.validation import duplicate_input, tagged, validate_request
 from shoal.frontend.infer_common import closing, prepare_request
 from shoal.messages import InferRequest, InferResponse, ModelVersionInfo, TensorRef, TensorSpec
 
@@ -157,8 +156,7 @@ def _converting(key: str, error: ShoalError) -> ShoalError:
 def _add_input(request: DecodedRequest, spec: TensorSpec, value: Any, batching: bool) -> None:
     tensor = _input_tensor(spec, value, batching)
     if any(existing.name == spec.name for existing in request.inputs):
-        raise invalid_arg(f"{request_tag(request.client_id)}input '{spec.name}' already exists "
-                          "in request")  # Triton's core text
+        raise tagged(duplicate_input(spec.name), request.client_id)  # Triton's core text
     request.inputs.append(tensor)
 
 

@@ -46,6 +46,12 @@ class RequestCheckError(ShoalError):
         super().__init__(ErrorCode.INVALID_ARG, message)
 
 
+def tagged(error: RequestCheckError, client_id: str) -> ShoalError:
+    """``error`` as Triton's core says it of the request ``client_id``: INVALID_ARG with the
+    request's id first (``request_tag``)."""
+    return invalid_arg(request_tag(client_id) + error.message)
+
+
 @dataclass(frozen=True, slots=True)
 class OutputPlan:
     """How one output is returned: binary or JSON, or as top-N classification (BYTES), or
@@ -116,7 +122,7 @@ def validate_request(request: DecodedRequest, model: ModelVersionInfo) -> InferP
     try:
         return _validate(request, model)
     except RequestCheckError as error:
-        raise invalid_arg(request_tag(request.client_id) + error.message) from None
+        raise tagged(error, request.client_id) from None
 
 
 def _validate(request: DecodedRequest, model: ModelVersionInfo) -> InferPlan:
@@ -205,12 +211,12 @@ def check_input_names(inputs: Sequence[DecodedInput], model: ModelVersionInfo) -
     seen: set[str] = set()
     for name in names:
         if name in seen:
-            raise RequestCheckError(f"input '{name}' already exists in request")
+            raise duplicate_input(name)
         seen.add(name)
     known = {spec.name for spec in model.inputs}
     for name in names:
         if name not in known:
-            raise invalid_arg(f"unexpected inference input '{name}' for model '{model.name}'")
+            raise unexpected_input(name, model.name)
     required = [spec.name for spec in model.inputs if not spec.optional]
     missing = [name for name in required if name not in seen]
     if missing:
@@ -265,10 +271,25 @@ def batch_size_of(inputs: Sequence[DecodedInput], model: ModelVersionInfo) -> in
 
 def check_datatype(tensor: DecodedInput, spec: TensorSpec, model_name: str) -> None:
     if tensor.datatype != spec.datatype:
-        raise RequestCheckError(
-            f"inference input '{tensor.name}' data-type is '{tensor.datatype}', but model "
-            f"'{model_name}' expects '{spec.datatype}'"
-        )
+        raise datatype_mismatch(tensor.name, tensor.datatype, model_name, spec.datatype)
+
+
+# The errors of an input's name and datatype, for the checks here and for the decoders that
+# find them first (generate's repeated input, gRPC's unknown datatype).
+
+
+def duplicate_input(name: str) -> RequestCheckError:
+    return RequestCheckError(f"input '{name}' already exists in request")
+
+
+def unexpected_input(name: str, model_name: str) -> ShoalError:
+    return invalid_arg(f"unexpected inference input '{name}' for model '{model_name}'")
+
+
+def datatype_mismatch(name: str, given: str, model_name: str, expected: str
+                      ) -> RequestCheckError:
+    return RequestCheckError(f"inference input '{name}' data-type is '{given}', but model "
+                             f"'{model_name}' expects '{expected}'")
 
 
 def check_shape(tensor: DecodedInput, spec: TensorSpec, model: ModelVersionInfo) -> None:
