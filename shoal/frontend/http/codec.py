@@ -18,7 +18,7 @@ from typing import Any, Final
 
 from shoal import correlation_ids, dtypes
 from shoal.errors import ShoalError, invalid_arg, unsupported
-from shoal.frontend.http.json_tensors import json_tensor_bytes
+from shoal.frontend.http.json_tensors import json_tensor_bytes, may_hold_booleans
 from shoal.frontend.http.jsonparse import parse_json_object
 from shoal.frontend.shm_params import (
     INT64_MAX,
@@ -120,8 +120,10 @@ def decode_infer_request(
     parameters = document.get("parameters")
     if parameters is not None:
         decode_request_parameters(parameters, request)
+    text = body if isinstance(body, bytes | bytearray) and len(body) == len(header) else bytes(
+        header)
     request.inputs = _decode_inputs(document.get("inputs"), binary, model.name, max_input_bytes,
-                                    len(header))
+                                    len(header), may_hold_booleans(text))
     request.outputs = _decode_outputs(document.get("outputs"))
     return request
 
@@ -245,9 +247,10 @@ def _custom_parameter(key: str, value: Any) -> ParamValue:
 
 def _decode_inputs(
     items: Any, binary: memoryview, model_name: str, max_input_bytes: int,
-    binary_start: int = 0,
+    binary_start: int = 0, booleans: bool = True,
 ) -> list[DecodedInput]:
-    """``binary_start``: where ``binary`` begins in the body (for ``DecodedInput.body_offset``)."""
+    """``binary_start``: where ``binary`` begins in the body (for ``DecodedInput.body_offset``);
+    ``booleans`` False: the JSON holds no true / false (``json_tensor_bytes``)."""
     if not isinstance(items, list):
         raise invalid_arg("Unable to parse 'inputs': expected a JSON array")
     decoded: list[DecodedInput] = []
@@ -290,7 +293,7 @@ def _decode_inputs(
         elif count == 0:  # Triton reads no 'data' for a tensor of no elements
             data, body_offset = binary[:0], -1
         else:
-            data = json_tensor_bytes(item["data"], datatype, count, name)
+            data = json_tensor_bytes(item["data"], datatype, count, name, booleans)
             body_offset = -1
         total_bytes += declared if datatype != "BYTES" else len(data)
         if total_bytes > max_input_bytes:

@@ -40,9 +40,18 @@ def json_type_error(datatype: str) -> ShoalError:
     return invalid_arg(f"Unable to parse 'data': attempt to access JSON {wanted}")
 
 
-def json_tensor_bytes(data: Any, datatype: str, count: int, name: str) -> memoryview:
+def may_hold_booleans(text: bytes | bytearray) -> bool:
+    """False only when the JSON ``text`` cannot hold a true / false: in UTF-8 the literals are
+    these bytes; any other encoding the JSON parser accepts (UTF-16, UTF-32) has NUL bytes."""
+    return b"true" in text or b"false" in text or b"\x00" in text
+
+
+def json_tensor_bytes(data: Any, datatype: str, count: int, name: str,
+                      booleans: bool = True) -> memoryview:
     """JSON ``data`` (flat or nested, row-major) -> the tensor's wire bytes. The number of
-    elements must equal ``count``; values must fit ``datatype`` (no silent wrap-around)."""
+    elements must equal ``count``; values must fit ``datatype`` (no silent wrap-around).
+    ``booleans`` False: the request's JSON holds no true / false (``may_hold_booleans``), so
+    numbers need no search for one among them."""
     if datatype in ("FP16", "BF16"):
         raise invalid_arg(
             f"receiving {datatype} data via JSON is not supported. Please use the binary data "
@@ -52,7 +61,7 @@ def json_tensor_bytes(data: Any, datatype: str, count: int, name: str) -> memory
         raise invalid_arg("Unable to parse 'data': attempt to access JSON non-array as array")
     if datatype == "BYTES":
         return memoryview(_json_bytes(data, count, name))
-    array = _json_numeric(data, datatype, count, name)
+    array = _json_numeric(data, datatype, count, name, booleans)
     return memoryview(array.view(np.uint8))  # type: ignore[arg-type]
 
 
@@ -72,7 +81,8 @@ def flatten(data: list[Any]) -> list[Any]:
     return flat
 
 
-def _json_numeric(data: list[Any], datatype: str, count: int, name: str) -> np.ndarray[Any, Any]:
+def _json_numeric(data: list[Any], datatype: str, count: int, name: str,
+                  booleans: bool) -> np.ndarray[Any, Any]:
     try:
         array = np.asarray(data)
     except (ValueError, TypeError, OverflowError):
@@ -88,7 +98,7 @@ def _json_numeric(data: list[Any], datatype: str, count: int, name: str) -> np.n
         if exact is not None:
             array = exact
     if array.size:
-        _check_json_values(data, array, datatype, target, name)
+        _check_json_values(data, array, datatype, target, name, booleans)
     return np.ascontiguousarray(array.reshape(-1), dtype=target)
 
 
@@ -106,7 +116,7 @@ def _exact_integers(data: list[Any], target: np.dtype[Any]) -> np.ndarray[Any, A
 
 def _check_json_values(
     data: list[Any], array: np.ndarray[Any, Any], datatype: str, target: np.dtype[Any],
-    name: str
+    name: str, booleans: bool
 ) -> None:
     kind = array.dtype.kind
     if datatype == "BOOL":
@@ -115,7 +125,7 @@ def _check_json_values(
         accepted = kind in "iu"
     else:
         accepted = kind in "iuf"
-    if accepted and datatype != "BOOL" and _holds_a_bool(data):
+    if accepted and datatype != "BOOL" and booleans and _holds_a_bool(data):
         accepted = False  # numpy took true/false as 1/0 among numbers
     if not accepted:
         raise json_type_error(datatype)

@@ -17,6 +17,7 @@ from shoal.frontend.http.codec import (
     decode_infer_request,
     split_body,
 )
+from shoal.frontend.http.json_tensors import may_hold_booleans
 from shoal.messages import TensorSpec
 from tests.frontend.http.fakes import make_model
 
@@ -171,6 +172,30 @@ def test_json_values_of_the_wrong_type_get_tritons_text(datatype: str, values: l
                                                  "shape": [len(values)], "data": values}]}))
     assert error.code is ErrorCode.INVALID_ARG
     assert error.message == f"Unable to parse 'data': attempt to access JSON {wanted}"
+
+
+@pytest.mark.parametrize("encoding", ["utf-8", "utf-16", "utf-32-le"])
+@pytest.mark.parametrize("header", [False, True])
+def test_a_boolean_among_numbers_is_found_in_any_body_json_takes(encoding: str,
+                                                                header: bool) -> None:
+    """The search for true / false among numbers is skipped only for a body that has none."""
+    document = {"inputs": [{"name": "V", "datatype": "FP32", "shape": [2], "data": [1, True]}]}
+    head = json.dumps(document).encode(encoding)
+    body = head + struct.pack("<f", 1.0) if header else head
+    error = error_of(lambda: decode_infer_request(
+        memoryview(body), str(len(head)) if header else None, MODEL, LIMIT))
+    assert error.message == "Unable to parse 'data': attempt to access JSON non-number as double"
+    plain = json.dumps({"inputs": [{"name": "V", "datatype": "FP32", "shape": [2],
+                                    "data": [1, 2]}]}).encode(encoding)
+    assert bytes(decode_infer_request(plain, None, MODEL, LIMIT).inputs[0].data) == (
+        struct.pack("<2f", 1.0, 2.0))
+
+
+def test_may_hold_booleans() -> None:
+    assert not may_hold_booleans(b'{"data": [1, 2.5e-3, "t", "f"]}')
+    assert may_hold_booleans(b'{"data": [1], "p": true}')
+    assert may_hold_booleans(b'{"data": [false]}')
+    assert may_hold_booleans('{"data": [1]}'.encode("utf-16"))
 
 
 def test_json_bytes_elements_must_be_strings() -> None:
