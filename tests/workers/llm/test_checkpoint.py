@@ -90,6 +90,7 @@ def run_prefill_then_decode(model: CausalLM, prompt: list[int],
     return prefill, tokens, logits[0]
 
 
+@pytest.mark.usefixtures("one_torch_thread")
 def test_model_step_matches_hf_forward(model_dir: pathlib.Path, kernel_path: str) -> None:
     """Context logits are bitwise equal op by op (float32 noise apart with the compiled
     kernels, whose reductions run in another order); decode logits (paged keys) agree to

@@ -269,6 +269,7 @@ def test_await_unknown_terminated_and_timeouts(llama_dir: pathlib.Path,
     assert executor.get_num_responses_ready() == 0
 
 
+@pytest.mark.usefixtures("one_torch_thread")
 def test_log_probs_and_logits_match_hf(model_dir: pathlib.Path,
                                        make_executor: MakeExecutor) -> None:
     executor = make_executor(model_dir)
