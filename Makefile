@@ -57,6 +57,12 @@ clean:
 bench: setup
 	$(BIN)/python -m bench.run $(BENCH_ARGS)
 
+# shoal vs the real tritonserver 2.51 (from the nvidia-pytriton wheel) vs MLServer 1.7.1 on one
+# python model they all serve, at their defaults; writes its section of bench/RESULTS.md.
+.PHONY: bench-triton
+bench-triton: setup
+	$(BIN)/python -m bench.triton_bench $(BENCH_TRITON_ARGS)
+
 # Round trip of 1/16/64 MB FP32 tensors: system shared memory vs HTTP binary vs gRPC vs one
 # in-process memcpy; writes its section of bench/RESULTS.md.
 bench-shm: setup

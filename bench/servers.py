@@ -94,6 +94,12 @@ def shoal_repository(workdir: pathlib.Path, delay_us: int, realistic: bool = Fal
     text = text.replace("max_queue_delay_microseconds: 1000",
                         f"max_queue_delay_microseconds: {delay_us}")
     config.write_text(text)
+    return identity_repository(repo)
+
+
+def identity_repository(repo: pathlib.Path) -> pathlib.Path:
+    """``identity16`` into ``repo``: the example python identity model, FP32 [1, 16], no
+    batching (a model the real tritonserver's python backend serves too)."""
     identity = repo / "identity16"
     (identity / "1").mkdir(parents=True)
     (identity / "config.pbtxt").write_text(
@@ -170,6 +176,33 @@ def launch_checkout(checkout: pathlib.Path | None, repository: pathlib.Path,
         running.stop()
         raise
     return running, http
+
+
+def start_tritonserver(repo: pathlib.Path, workdir: pathlib.Path, ready_model: str) -> Server:
+    """The real tritonserver 2.51 (bench/tritonserver.py) over ``repo`` on free loopback ports at
+    its defaults, logging to ``workdir/tritonserver.log``; returns once ``ready_model`` is
+    ready. Its python stubs run in its session, stopped with it."""
+    from bench import tritonserver
+
+    reason = tritonserver.unavailable_reason()
+    if reason is not None:
+        raise RuntimeError(reason)
+    workdir.mkdir(parents=True, exist_ok=True)
+    http, grpc, metrics = free_port(), free_port(), free_port()
+    argv, env = tritonserver.command([repo], workdir, http, grpc, metrics)
+    log = workdir / "tritonserver.log"
+    with open(log, "wb") as out:
+        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                   start_new_session=True)
+    server = Server("tritonserver", http, process, workdir, log,
+                    {"metrics": metrics, "grpc": grpc})
+    try:
+        wait_ready(f"http://127.0.0.1:{http}/v2/models/{ready_model}/ready", process)
+    except BaseException:
+        process.terminate()
+        process.wait(timeout=60)
+        raise
+    return server
 
 
 def start_mlserver(workdir: pathlib.Path, venv: pathlib.Path, delay_us: int,
