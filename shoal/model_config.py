@@ -178,8 +178,12 @@ def _fix_int64_fields(doc: dict[str, Any]) -> None:
             _to_int(sequence.get(strategy, {}), "max_queue_delay_microseconds")
         for state in sequence.get("state", []):
             _to_int(state, "dims")
-    for step in doc.get("ensemble_scheduling", {}).get("step", []):
+    scheduling = doc.get("ensemble_scheduling", {})
+    for step in scheduling.get("step", []):
         _to_int(step, "model_version")
+    if scheduling.get("max_inflight_requests") == 0:
+        # Triton 2.51's ModelConfig has no such field: print it only when it is set.
+        del scheduling["max_inflight_requests"]
     for warmup in doc.get("model_warmup", []):
         for warmup_input in warmup.get("inputs", {}).values():
             _to_int(warmup_input, "dims")
@@ -268,6 +272,9 @@ def normalize_config(config: ModelConfig, *, model_name: str, source: str,
     _normalize_sequence_batching(completed, source)
     if completed.HasField("ensemble_scheduling"):
         check_ensemble(completed, source)
+        # Triton's normalization gives an ensemble an explicit (not decoupled) transaction
+        # policy, so /config and ModelConfig print it.
+        completed.model_transaction_policy.SetInParent()
     elif completed.platform == ENSEMBLE_PLATFORM:
         raise _error(source, "ensemble_scheduling",
                      "must be set for a model whose platform is 'ensemble'")
