@@ -518,6 +518,8 @@ class BrokerLoop:
     def on_batch_result(self, handle: WorkerHandle, runtime: ModelVersionRuntime,
                         message: BatchResult, now: float) -> None:
         keys, rows, early = runtime.end_batch(message.batch_id)
+        step_queued = {key[1]: p.queued_ns for key in keys
+                       if (p := runtime.requests.get(key)) is not None and p.frontend == INTERNAL}
         if runtime.sequence is not None:
             runtime.sequence.done(message.batch_id, now, written_states(runtime, keys, message))
         if handle.batch_id == message.batch_id:
@@ -527,7 +529,8 @@ class BrokerLoop:
         for key, frontend, response in batch_outcomes(runtime, keys, rows, early, message,
                                                       handle.streams, now):
             if frontend == INTERNAL:  # an ensemble step: its durations count there too
-                self.ensembles.on_step_timings(key[1], message.timings)
+                self.ensembles.on_step_timings(key[1], message.timings,
+                                               step_queued.get(key[1], 0))
             self.deliver(runtime, key, frontend, response)
         note_progress(handle, now)  # after batch_outcomes: decoupled requests left open owe more
         self.dispatch(runtime, now)

@@ -379,6 +379,11 @@ class WorkerProc:
         for request, response in zip(requests, responses, strict=True):
             if response is not None and request.request_id in self.open_requests:
                 self.send_response(request.request_id, response, True)
+        # compute_output: from execute's return to here (the ended answers' work), as Triton
+        # times the output phase after execute for a decoupled model too
+        executed = timings.start_ns + timings.compute_input_ns + timings.compute_infer_ns
+        timings = msgspec.structs.replace(timings, compute_output_ns=time.monotonic_ns()
+                                          - executed)
         return BatchResult(batch.batch_id, ended, timings)
 
     def send_response(self, request_id: int, response: BackendResponse | Error | None,

@@ -13,8 +13,8 @@ running), and the client is answered once none of them is in flight any more (th
 read the request's inputs until then).
 
 Statistics (``stats.py``, Triton's ensemble rules): a success counts the request end to end,
-one execution of its batch size, and the sums of the compute durations of the composing
-requests it made (``on_step_timings``); a failure counts in ``fail`` with its reason.
+one execution of its batch size, and the sums of the queue and compute durations of the
+composing requests it made (``on_step_timings``); a failure counts in ``fail`` with its reason.
 
 Memory: step outputs stay in the composing workers' arenas. The run tells us which leases it no
 longer needs (released at once) and which back its result; those are kept under one synthetic
@@ -60,6 +60,7 @@ class _Run:
     arrival: float
     issued: dict[int, int] = field(default_factory=dict)  # step -> its step request id
     compute: list[int] = field(default_factory=lambda: [0, 0, 0])  # summed input/infer/output ns
+    queued_ns: int = 0  # summed queue time of its step requests
     failure: str = ""  # Triton's failure reason, once known
     cancelled: bool = False
 
@@ -74,7 +75,8 @@ class EnsembleDriver:
         self._runs: dict[int, _Run] = {}
         self._by_request: dict[tuple[bytes, int], int] = {}  # (frontend, request id) -> run id
         self._steps: dict[int, tuple[int, int]] = {}  # step request id -> (run id, step)
-        self._timings: dict[int, BatchTimings] = {}   # step request id -> its compute durations
+        # step request id -> its compute durations and its time queued
+        self._timings: dict[int, tuple[BatchTimings, int]] = {}
         self._results: dict[int, list[Lease]] = {}    # run id -> leases behind its response
         self._admissions: dict[tuple[str, int], StepAdmission[StepCall]] = {}
         self._ids = itertools.count(1)
@@ -98,10 +100,11 @@ class EnsembleDriver:
         self._advance(run_id, now)
         self._issue(admission, now)
 
-    def on_step_timings(self, step_request_id: int, timings: BatchTimings) -> None:
-        """The compute durations of the execution that answered one of our step requests;
-        called before that answer reaches ``on_answer``."""
-        self._timings[step_request_id] = timings
+    def on_step_timings(self, step_request_id: int, timings: BatchTimings,
+                        queued_ns: int) -> None:
+        """The compute durations of the execution that answered one of our step requests
+        and the time that request queued; called before that answer reaches ``on_answer``."""
+        self._timings[step_request_id] = (timings, queued_ns)
 
     def on_answer(self, response: InferResponse, now: float) -> None:
         """A composing model answered one of our step requests."""
@@ -120,9 +123,11 @@ class EnsembleDriver:
             state.run.on_step_done(step, response.error, response.lease)
         else:
             if timings is not None:
-                state.compute[0] += timings.compute_input_ns
-                state.compute[1] += timings.compute_infer_ns
-                state.compute[2] += timings.compute_output_ns
+                compute, queued_ns = timings
+                state.compute[0] += compute.compute_input_ns
+                state.compute[1] += compute.compute_infer_ns
+                state.compute[2] += compute.compute_output_ns
+                state.queued_ns += queued_ns
             state.run.on_step_done(step, {ref.name: ref for ref in response.outputs},
                                    response.lease)
         self._advance(run_id, now)
@@ -198,11 +203,11 @@ class EnsembleDriver:
             self._answer(state.frontend, InferResponse(state.request.request_id, error=result))
             return
         compute = BatchTimings(*state.compute)
-        # a run starts when it arrives: its queue time is 0 (Triton: enqueue to run start)
-        state.runtime.stats.record_ensemble_success(state.request.batch_size, elapsed, 0,
-                                                    compute)
+        # Triton's ensemble queue time is the sum of its composing requests' queue times
+        state.runtime.stats.record_ensemble_success(state.request.batch_size, elapsed,
+                                                    state.queued_ns, compute)
         if state.frontend == INTERNAL:  # a nested ensemble: its sums count in the outer run
-            self._timings[state.request.request_id] = compute
+            self._timings[state.request.request_id] = (compute, state.queued_ns)
         outputs = [msgspec.structs.replace(ref, name=name) for name, ref in result.items()]
         leases = state.run.result_leases()
         lease = None

@@ -72,12 +72,12 @@ class Broker:
         return [r.model for r in self.pending]
 
     def reply(self, model: str, *, error: Error | None = None, now: float = 0.0,
-              timings: BatchTimings | None = None) -> Lease | None:
+              timings: BatchTimings | None = None, queued_ns: int = 0) -> Lease | None:
         """The oldest pending request of ``model`` is answered (its outputs, or ``error``)."""
         request = next(r for r in self.pending if r.model == model)
         self.pending.remove(request)
         if timings is not None:
-            self.driver.on_step_timings(request.request_id, timings)
+            self.driver.on_step_timings(request.request_id, timings, queued_ns)
         if error is not None:
             self.driver.on_answer(InferResponse(request.request_id, error=error), now)
             return None
@@ -91,18 +91,18 @@ class Broker:
 # ------------------------------------------------------------------ statistics
 
 
-def test_success_counts_one_execution_with_the_composing_compute_sums() -> None:
+def test_success_counts_one_execution_with_the_composing_queue_and_compute_sums() -> None:
     broker = Broker(docs_plan())
     broker.start(7, now=10.0)
-    broker.reply("preprocess", now=10.1, timings=BatchTimings(1, 10, 100))
-    broker.reply("classify", now=10.2, timings=BatchTimings(2, 20, 200))
-    broker.reply("segment", now=10.3, timings=BatchTimings(3, 30, 300))
+    broker.reply("preprocess", now=10.1, timings=BatchTimings(1, 10, 100), queued_ns=4000)
+    broker.reply("classify", now=10.2, timings=BatchTimings(2, 20, 200), queued_ns=500)
+    broker.reply("segment", now=10.3, timings=BatchTimings(3, 30, 300), queued_ns=60)
     assert broker.answers[7].error is None
     stats = broker.runtime.stats.snapshot(0)
     assert (stats.inference_count, stats.execution_count) == (BATCH, 1)
     assert stats.success.count == 1
     assert abs(stats.success.ns - 300_000_000) < 1000
-    assert (stats.queue.count, stats.queue.ns) == (1, 0)
+    assert (stats.queue.count, stats.queue.ns) == (1, 4560)
     assert (stats.compute_input.count, stats.compute_input.ns) == (1, 6)
     assert (stats.compute_infer.count, stats.compute_infer.ns) == (1, 60)
     assert (stats.compute_output.count, stats.compute_output.ns) == (1, 600)
