@@ -21,6 +21,10 @@ _UNORDERED_LISTS = frozenset({"model_stats", "regions"})
 
 def normalise(value: Any, key: str = "") -> Any:
     if isinstance(value, dict):
+        if "count" in value and "ns" not in value:
+            # a statistics duration whose time is 0: proto3 JSON leaves the field out, and
+            # a duration is zeroed anyway (a step dispatched at once may measure 0 ns)
+            value = {**value, "ns": 0}
         return {k: (0 if k in _TIMING_KEYS and _is_count(v) else normalise(v, k))
                 for k, v in value.items()}
     if isinstance(value, list):

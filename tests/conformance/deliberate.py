@@ -311,3 +311,49 @@ DIFFERENCES: tuple[Difference, ...] = (
         shoal=both(status(400), error_contains("failed to parse the request JSON")),
     ),
 )
+
+
+@dataclasses.dataclass(frozen=True)
+class Uncounted:
+    """A request Triton's statistics and metrics count for ``model`` and shoal's do not, because
+    shoal answers it before the model runs. ``executed``: Triton ran ``execute`` on it (an
+    execution, its batch's compute counts); ``succeeded``: Triton counted it a success, else a
+    failure. The differential tests take each one such case sent out of Triton's counts before
+    comparing, so an entry that stops holding fails the statistics and metrics comparisons."""
+    key: str
+    summary: str
+    why: str
+    cases: tuple[str, ...]
+    model: str
+    executed: bool
+    succeeded: bool
+
+
+UNCOUNTED: tuple[Uncounted, ...] = (
+    Uncounted(
+        key="duplicate-outputs-uncounted",
+        summary="The request refused for naming an output twice (`duplicate-outputs`) is not "
+                "counted; Triton 2.51 ran it and counts a success and an execution",
+        why="shoal refuses it before the model runs: there is nothing to count",
+        cases=("http:infer/add_sub/duplicate-outputs", "grpc:infer/add_sub/duplicate-outputs"),
+        model="add_sub", executed=True, succeeded=True,
+    ),
+    Uncounted(
+        key="required-input-uncounted",
+        summary="The request refused for a missing required input (`required-input-checked`) "
+                "is not counted; Triton 2.51 ran `execute` without it and counts a failed "
+                "execution",
+        why="shoal refuses it before the model runs: there is nothing to count",
+        cases=("http:infer/optional_input/without-required",),
+        model="optional_input", executed=True, succeeded=False,
+    ),
+    Uncounted(
+        key="malformed-bytes-uncounted",
+        summary="A binary BYTES input whose length prefixes overrun its data is refused with "
+                "Triton's status and text but not counted; Triton's python backend finds it "
+                "when it reads the inputs and counts a model failure (no execution)",
+        why="shoal checks the framing when the request arrives, before any model sees it",
+        cases=("http:infer/identity_bytes/binary-bad-length",),
+        model="identity_bytes", executed=False, succeeded=False,
+    ),
+)
