@@ -65,6 +65,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     rate_limit: str = "off"
     rate_limit_resources: list[tuple[str, int, int]] = []
     http_max_input_size: int = 64 * 1024 * 1024
+    # --http-header-forward-pattern / --grpc-header-forward-pattern: request headers whose
+    # name matches become request parameters (frontend/header_forward.py); "" forwards none
+    http_header_forward_pattern: str = ""
+    grpc_header_forward_pattern: str = ""
     # slow and idle HTTP clients (frontend/http/guard.py): request line + headers must arrive
     # within http_header_timeout_secs of connecting (or of the request's first byte on a
     # keep-alive connection); a body that makes no progress for http_body_timeout_secs ends

@@ -68,6 +68,16 @@ def _rate_limit_resource(text: str) -> tuple[str, int, int]:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
+def _forward_pattern(text: str) -> str:
+    from shoal.frontend.header_forward import compile_pattern
+
+    try:
+        compile_pattern(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
+
+
 def _bool_flag(parser: argparse.ArgumentParser, name: str, default: bool, help_text: str) -> None:
     parser.add_argument(name, type=parse_bool, nargs="?", const=True, default=default,
                         metavar="BOOL", help=f"{help_text} (default {str(default).lower()})")
@@ -149,6 +159,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--http-max-input-size", type=int, default=64 * 1024 * 1024,
                        help="largest request body, also after decompression (bytes); a "
                        "larger Content-Length is answered 413 before the body is read")
+    serve.add_argument("--http-header-forward-pattern", type=_forward_pattern, default="",
+                       metavar="REGEX", help="HTTP request headers whose name matches (case-"
+                       "insensitive unless the pattern starts with (?-i)) are passed to the "
+                       "model as request parameters")
+    serve.add_argument("--grpc-header-forward-pattern", type=_forward_pattern, default="",
+                       metavar="REGEX", help="as --http-header-forward-pattern, for gRPC "
+                       "metadata")
     serve.add_argument("--http-header-timeout-secs", type=float, default=10.0,
                        help="a client must send its request line and headers within this "
                        "long of connecting (or of a keep-alive request's first byte): 408, close")
@@ -229,6 +246,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         disable_auto_complete_config=args.disable_auto_complete_config,
         rate_limit=args.rate_limit, rate_limit_resources=list(args.rate_limit_resource),
         http_max_input_size=args.http_max_input_size,
+        http_header_forward_pattern=args.http_header_forward_pattern,
+        grpc_header_forward_pattern=args.grpc_header_forward_pattern,
         http_header_timeout_secs=args.http_header_timeout_secs,
         http_body_timeout_secs=args.http_body_timeout_secs,
         http_idle_timeout_secs=args.http_idle_timeout_secs,

@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
@@ -49,6 +50,7 @@ from shoal.frontend.grpc.encode import (
 )
 from shoal.frontend.grpc.status import INTERNAL_ERROR_MESSAGE
 from shoal.frontend.grpc.wire import InferRequestWire, wire_request
+from shoal.frontend.header_forward import forwarded_parameters, with_forwarded
 from shoal.frontend.http.validation import validate_request
 from shoal.frontend.infer_common import PreparedRequest, closing, prepare_request
 from shoal.trace.record import (
@@ -63,7 +65,7 @@ from shoal.trace.record import (
 if TYPE_CHECKING:
     from shoal.frontend.dataplane import DataPlane, InferOutcome
     from shoal.frontend.http.validation import InferPlan
-    from shoal.messages import ModelVersionInfo
+    from shoal.messages import ModelVersionInfo, Params
     from shoal.trace.sampling import Tracer
 
 logger = logging.getLogger(__name__)
@@ -84,9 +86,17 @@ class _Call:
 
 
 class GrpcInference:
-    def __init__(self, dataplane: DataPlane, tracer: Tracer | None = None) -> None:
+    def __init__(self, dataplane: DataPlane, tracer: Tracer | None = None,
+                 header_forward: re.Pattern[str] | None = None) -> None:
         self.dataplane = dataplane
         self.tracer = tracer
+        self.header_forward = header_forward  # --grpc-header-forward-pattern
+
+    def forwarded(self, context: Any) -> Params:
+        """The call's metadata the forward pattern passes on as request parameters."""
+        if self.header_forward is None:
+            return {}
+        return forwarded_parameters(context.invocation_metadata() or (), self.header_forward)
 
     def sample(self, message: Any) -> RequestTrace | None:
         """The request's trace if it is sampled, stamped as read."""
@@ -104,9 +114,12 @@ class GrpcInference:
         return self.dataplane.model(message.model_name, message.model_version or None)
 
     def start(self, request: InferRequestWire, model: ModelVersionInfo,
-              trace: RequestTrace | None = None) -> _Call:
-        """Decode, validate, place the inputs. Raises ShoalError, leaving nothing allocated."""
+              trace: RequestTrace | None = None, forwarded: Params | None = None) -> _Call:
+        """Decode, validate, place the inputs (``forwarded``: parameters from the call's
+        metadata). Raises ShoalError, leaving nothing allocated."""
         decoded = decode_model_infer_request(request.message, model, request.raw)
+        if forwarded:
+            with_forwarded(decoded.request.parameters, forwarded)
         plan = validate_request(decoded.request, model)
         prepared = prepare_request(self.dataplane, decoded.request, plan, model, trace)
         return _Call(model, decoded, plan, prepared)
@@ -148,7 +161,7 @@ class GrpcInference:
         model = self.resolve_model(message)
         if model.decoupled:
             raise unsupported(DECOUPLED_UNARY_MESSAGE)
-        call = self.start(request, model, trace)
+        call = self.start(request, model, trace, self.forwarded(context))
         reply = self.encode(call, await self.infer(call, trace))
         if trace is not None:
             trace.stamp(GRPC_SEND_START)
@@ -182,6 +195,7 @@ class StreamSession:
         self._write_lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
         self._last_turn: asyncio.Future[None] | None = None
+        self._forwarded = inference.forwarded(context)  # the stream's metadata, for each request
 
     async def run(self, requests: AsyncIterator[Any]) -> None:
         try:
@@ -243,7 +257,7 @@ class StreamSession:
         """The serialized answer, or an in-band error message (a refusal before the request is
         issued, or the error response it got)."""
         try:
-            call = self._inference.start(request, model, trace)
+            call = self._inference.start(request, model, trace, self._forwarded)
         except ShoalError as error:
             return self._refusal(request.message, error.message)
         try:
@@ -255,7 +269,7 @@ class StreamSession:
     async def _serve_decoupled(self, request: InferRequestWire, model: ModelVersionInfo,
                                trace: RequestTrace | None = None) -> None:
         try:
-            call = self._inference.start(request, model, trace)
+            call = self._inference.start(request, model, trace, self._forwarded)
         except ShoalError as error:
             await self._write(self._refusal(request.message, error.message))
             return

@@ -28,6 +28,7 @@ from shoal.frontend.cuda_shm import register_cuda_region
 from shoal.frontend.grpc.convert import parameter_value
 from shoal.frontend.grpc.inference import GrpcInference
 from shoal.frontend.grpc.status import INTERNAL_ERROR_MESSAGE, abort, guarded
+from shoal.frontend.header_forward import compile_pattern
 from shoal.frontend.http import documents
 from shoal.frontend.http.app import ModelControl, require_model_control
 from shoal.frontend.http.trace_api import check_trace_model
@@ -56,7 +57,8 @@ class InferenceServicer:
         self.settings = settings
         self.log_settings = log_settings
         self.tracer = tracer or Tracer(TraceConfig.from_triples(settings.trace_config))
-        self.inference = GrpcInference(dataplane, self.tracer)
+        self.inference = GrpcInference(dataplane, self.tracer,
+                                       compile_pattern(settings.grpc_header_forward_pattern))
         self.model_control = dataplane if isinstance(dataplane, ModelControl) else None
 
     # ---------------------------------------------------------------- health and metadata

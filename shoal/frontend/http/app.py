@@ -26,6 +26,7 @@ from starlette.types import ASGIApp
 
 from shoal.errors import ShoalError, invalid_arg, unavailable, unsupported
 from shoal.frontend import model_lookup
+from shoal.frontend.header_forward import compile_pattern
 from shoal.frontend.http import documents
 from shoal.frontend.http.errors import (
     JSON_CONTENT_TYPE,
@@ -295,7 +296,8 @@ def create_app(
     ``log_settings`` are shared with the process's other endpoints. Every route gets the gate of
     its category from ``--http-restricted-api`` (TypeError for a route without a category)."""
     api = HttpApi(dataplane, settings, log_settings)
-    infer_handler = InferHandler(dataplane, settings.http_max_input_size)
+    infer_handler = InferHandler(dataplane, settings.http_max_input_size,
+                                 compile_pattern(settings.http_header_forward_pattern))
     infer = guarded(infer_handler)
     tracer = tracer or Tracer(TraceConfig.from_triples(settings.trace_config))
     routes = [*extra_routes, *_routes(api, infer),

@@ -24,6 +24,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from shoal.errors import unsupported
+from shoal.frontend.header_forward import forwarded_parameters, with_forwarded
 from shoal.frontend.http import compression
 from shoal.frontend.http.codec import DecodedRequest, decode_infer_request
 from shoal.frontend.http.response import encode_infer_response
@@ -68,9 +69,11 @@ class InferHandler:
     """Serves the infer route for one DataPlane; ``max_input_bytes`` bounds the body (before and
     after decompression) and the total input tensor bytes."""
 
-    def __init__(self, dataplane: DataPlane, max_input_bytes: int) -> None:
+    def __init__(self, dataplane: DataPlane, max_input_bytes: int,
+                 header_forward: re.Pattern[str] | None = None) -> None:
         self._dataplane = dataplane
         self._limit = max_input_bytes
+        self._header_forward = header_forward  # --http-header-forward-pattern
 
     async def __call__(self, request: Request) -> Response:
         version = request.path_params.get("version")
@@ -105,6 +108,9 @@ class InferHandler:
                 body = compression.decompress(body, encoding, self._limit)
             decoded = decode_infer_request(body, headers.get(HEADER_LENGTH.lower()), model,
                                            self._limit)
+            if self._header_forward is not None:
+                with_forwarded(decoded.parameters,
+                               forwarded_parameters(headers.items(), self._header_forward))
             plan = validate_request(decoded, model)
         except BaseException:
             if body_slot is not None:

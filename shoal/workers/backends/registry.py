@@ -10,8 +10,8 @@
 5. the built-ins: ``python``, ``pytorch`` (alias ``pytorch_libtorch``), ``onnxruntime`` (alias
    ``onnxruntime_onnx``; needs the ``onnx`` extra), ``fil`` (tree models; needs the ``trees``
    extra), ``openvino`` (when the ``openvino`` package is installed: the ``openvino`` extra),
-   ``tensorflow`` (SavedModels, when TensorFlow is installed: the ``tensorflow`` extra)
-   and ``llm``; Triton's ``tensorrt``, ``dali`` (and ``openvino`` or ``tensorflow`` without its
+   ``tensorflow`` (SavedModels, when TensorFlow is installed: the ``tensorflow`` extra),
+   ``llm`` and ``identity`` (Triton's test backend: ``INPUT<n>`` answered as ``OUTPUT<n>``); Triton's ``tensorrt``, ``dali`` (and ``openvino`` or ``tensorflow`` without its
    package) are refused as not installed, saying how to serve such a model here
    (``not_built_in.py``)
 
@@ -44,7 +44,7 @@ logger = logging.getLogger(__name__)
 ENTRY_POINT_GROUP = "shoal.backends"
 MODULE_PREFIX = "shoal_backend_"
 BACKEND_CLASS = "ShoalBackend"
-BUILTIN_BACKENDS = ("python", "pytorch", "onnxruntime", "fil", "llm")
+BUILTIN_BACKENDS = ("python", "pytorch", "onnxruntime", "fil", "llm", "identity")
 _ALIASES = {"pytorch_libtorch": "pytorch", "onnxruntime_onnx": "onnxruntime"}
 _NAME = re.compile(r"[A-Za-z0-9_.\-]+")
 _import_counter = itertools.count()
@@ -140,6 +140,10 @@ def _builtin(name: str) -> Callable[[], Backend] | None:
         from shoal.workers.backends.llm.backend import LlmBackend
 
         return LlmBackend
+    if name == "identity":
+        from shoal.workers.backends.identity.backend import IdentityBackend
+
+        return IdentityBackend
     return None
 
 
