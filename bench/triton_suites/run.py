@@ -449,16 +449,29 @@ def suite_qa_input_validation(ctx: Ctx) -> None:
         run_pytest(ctx, "qa_input_validation", "input_validation_test.py::InputValTest", d)
 
 
+# L0_parameters' rounds: TEST_HEADER and the header forward flags of each (as its test.sh)
+PARAMETER_ROUNDS: dict[str, list[str]] = {
+    "test_params": [],
+    "test_headers": ["--grpc-header-forward-pattern", "my_header.*",
+                     "--http-header-forward-pattern", "my_header.*"],
+    "test_header_forward_pattern_case_insensitive": [
+        "--grpc-header-forward-pattern", "MY_HEADER.*",
+        "--http-header-forward-pattern", "MY_HEADER.*"],
+    "test_grpc_header_forward_pattern_case_sensitive": [
+        "--grpc-header-forward-pattern", "(?-i)MY_HEADER.*"],
+}
+
+
 def suite_qa_parameters(ctx: Ctx) -> None:
-    """qa/L0_parameters, the test_params round (the header rounds need
-    --*-header-forward-pattern, which shoal does not have)."""
+    """qa/L0_parameters: its four rounds, each on a server started with that round's flags."""
     d = _qa_copy(ctx, "L0_parameters")
     for sub in ("identity/1", "ensemble/1"):
         (d / "model_repository" / sub).mkdir(parents=True, exist_ok=True)
-    with Server(ctx, d / "model_repository", d / "inference_server.log",
-                ["--exit-timeout-secs=120"]):
-        run_pytest(ctx, "qa_parameters", "parameters_test.py", d,
-                   env={"TEST_HEADER": "test_params"})
+    for round_name, flags in PARAMETER_ROUNDS.items():
+        with Server(ctx, d / "model_repository", d / f"inference_server_{round_name}.log",
+                    ["--exit-timeout-secs=120", *flags]):
+            run_pytest(ctx, f"qa_parameters/{round_name}", "parameters_test.py", d,
+                       env={"TEST_HEADER": round_name})
 
 
 SUITES: dict[str, Callable[[Ctx], None]] = {
@@ -498,7 +511,7 @@ def main() -> int:
     print(f"\nagainst {args.against}:")
     print(f"{'suite':24} {'pass':>5} {'fail':>5} {'err':>5} {'t/o':>5} {'skip':>5}")
     for name in args.suite or list(SUITES):
-        rs = [r for r in ctx.results if r.suite == name]
+        rs = [r for r in ctx.results if r.suite.split("/")[0] == name]
         c = {s: sum(r.status == s for r in rs) for s in ("pass", "fail", "error", "timeout",
                                                         "skip")}
         print(f"{name:24} {c['pass']:5} {c['fail']:5} {c['error']:5} {c['timeout']:5} "
