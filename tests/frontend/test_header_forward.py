@@ -27,8 +27,9 @@ def test_a_leading_minus_i_group_makes_it_case_sensitive() -> None:
 
 
 def test_reserved_names_and_binary_metadata_are_never_forwarded() -> None:
-    headers: list[tuple[str, str | bytes]] = [("triton_x", "1"), ("shoal_y", "2"), ("sequence_id", "3"), ("priority", "4"),
-               ("trace-bin", b"\x00"), ("kept", "5")]
+    headers: list[tuple[str, str | bytes]] = [
+        ("triton_x", "1"), ("shoal_y", "2"), ("sequence_id", "3"), ("priority", "4"),
+        ("trace-bin", b"\x00"), ("kept", "5")]
     assert forwarded_parameters(headers, compile_pattern(".*")) == {"kept": "5"}
 
 
