@@ -34,6 +34,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     metrics_summary_quantiles: tuple[tuple[float, float], ...] = (
         (0.5, 0.05), (0.9, 0.01), (0.95, 0.001), (0.99, 0.001), (0.999, 0.001))
     allow_gpu_metrics: bool = True
+    allow_cpu_metrics: bool = True  # --allow-cpu-metrics: the host CPU and memory gauges
+    metrics_address: str = ""       # --metrics-address; "" = http_address
     metrics_interval_ms: int = 2000
     model_control_mode: ModelControlMode = ModelControlMode.NONE
     load_models: list[str] = []     # explicit mode: loaded at start ("*" = every model)
@@ -53,6 +55,26 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # a worker whose heartbeat (a thread, independent of execute) is silent this long is killed
     worker_heartbeat_timeout_secs: float = 5.0
     log_verbose: int = 0
+    # tritonserver's --log-info / --log-warning / --log-error / --log-format / --log-file: the
+    # logging extension's starting settings (frontend/http/log_settings.py); the parent sends
+    # every process's output to log_file when it is set
+    log_info: bool = True
+    log_warning: bool = True
+    log_error: bool = True
+    log_format: str = "default"
+    log_file: str = ""
+    server_id: str = "triton"       # --id: the "name" of the server metadata
+    model_config_name: str = ""     # --model-config-name: configs/<name>.pbtxt where it exists
+    # --grpc-use-ssl and its files (PEM); mutual: clients must present a certificate the root
+    # certificate signed
+    grpc_use_ssl: bool = False
+    grpc_use_ssl_mutual: bool = False
+    grpc_server_cert: str = ""
+    grpc_server_key: str = ""
+    grpc_root_cert: str = ""
+    # --grpc-infer-response-compression-level: none | low | medium | high (any but none: gzip,
+    # for clients that accept it)
+    grpc_response_compression: str = "none"
     # --trace-config as given, (mode or "", setting, value); checked by the CLI, parsed by each
     # frontend (shoal/trace/config.py)
     trace_config: list[tuple[str, str, str]] = []

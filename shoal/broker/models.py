@@ -199,6 +199,7 @@ class ModelManager:
                 default_max_batch_size=self.settings.default_max_batch_size,
                 gpu_count=self.gpu_count, auto_complete=self.auto_complete,
                 disable_auto_complete=self.settings.disable_auto_complete_config,
+                config_name=self.settings.model_config_name,
                 config_override=config_override)
             return SourceRead(source, materialized_dir=materialized)
         except SourceError as exc:

@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     settings = Settings.from_json(args[0])
     status_fd = int(args[1]) if len(args) > 1 else -1
-    setup_logging(settings.log_verbose, "broker")
+    setup_logging(settings, "broker")
     hold_instance_lock(settings)  # before any segment: a sweep must see this instance live
     die_with_parent(STOP_SIGNAL)
     return run_broker(settings, status_fd)

@@ -4,6 +4,7 @@ the same; they are parsed once into ``Settings`` and never read again."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from shoal.frontend.metrics.config import parse_metrics_config
@@ -13,6 +14,7 @@ from shoal.frontend.response_cache.config import (
     parse_cache_setting,
 )
 from shoal.frontend.restricted import RestrictionError, parse_restrictions
+from shoal.frontend.triton_flags import add_triton_flags, triton_settings
 from shoal.ops.top_args import add_top_arguments
 from shoal.settings import ModelControlMode, Settings
 from shoal.trace.config import parse_trace_config, trace_config_arg
@@ -220,13 +222,21 @@ def build_parser() -> argparse.ArgumentParser:
                        "in with response_cache { enable: true })")
     serve.add_argument("--response-cache-byte-size", type=int, default=None, metavar="N",
                        help="deprecated form of --cache-config local,size=N")
+    add_triton_flags(serve, _bool_flag)
     top = sub.add_parser("top", help="live view of a running server (its ops dashboard)")
     add_top_arguments(top)
     return parser
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
+    """The Settings of ``serve``'s flags; raises ValueError for a tritonserver flag shoal
+    cannot serve as given (``triton_flags``)."""
+    triton, _ = triton_settings(args)
+    trace_from_old_flags = triton.pop("trace_config")
+    if args.disable_auto_complete_config:
+        triton["disable_auto_complete_config"] = True
     return Settings(
+        **triton,
         model_repositories=list(args.model_repository), http_port=args.http_port,
         http_address=args.http_address, http_workers=max(1, args.http_workers),
         grpc_port=args.grpc_port,
@@ -239,11 +249,10 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         model_load_device_margin_bytes=args.model_load_device_margin_bytes,
         strict_readiness=args.strict_readiness, exit_on_error=args.exit_on_error,
         exit_timeout_secs=args.exit_timeout_secs, log_verbose=args.log_verbose,
-        trace_config=list(args.trace_config),
+        trace_config=[*args.trace_config, *trace_from_old_flags],
         execution_timeout_secs=args.model_execution_timeout_secs,
         worker_heartbeat_timeout_secs=args.worker_heartbeat_timeout_secs,
         backend_directory=args.backend_directory, backend_config=list(args.backend_config),
-        disable_auto_complete_config=args.disable_auto_complete_config,
         rate_limit=args.rate_limit, rate_limit_resources=list(args.rate_limit_resource),
         http_max_input_size=args.http_max_input_size,
         http_header_forward_pattern=args.http_header_forward_pattern,
@@ -322,7 +331,8 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, flag[2:].replace("-", "_")) > GRPC_INT_MAX:
             parser.error(f"{flag} must be at most {GRPC_INT_MAX} (a grpc channel argument)")
     try:
-        parse_trace_config(args.trace_config)
+        triton, no_effect = triton_settings(args)
+        parse_trace_config([*args.trace_config, *triton["trace_config"]])
     except ValueError as exc:
         parser.error(str(exc))
     try:
@@ -333,6 +343,26 @@ def main(argv: list[str] | None = None) -> int:
         settings = settings_from_args(args)
     except RestrictionError as exc:
         parser.error(str(exc))
+    if settings.log_file:
+        try:
+            send_output_to(settings.log_file)
+        except OSError as exc:
+            parser.error(f"--log-file {settings.log_file}: {exc.strerror}")
+    for note in no_effect:
+        print(f"shoal: {note}", file=sys.stderr, flush=True)
     from shoal.frontend.supervisor import run_supervisor
 
     return run_supervisor(settings)
+
+
+def send_output_to(path: str) -> None:
+    """--log-file: this process's standard output and error (and so every child's, which
+    inherit them) append to ``path`` from now on."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o640)
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+    finally:
+        os.close(fd)

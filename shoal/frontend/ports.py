@@ -28,7 +28,8 @@ def listening_ports(settings: Settings) -> list[tuple[str, str, int]]:
     if settings.allow_grpc:
         ports.append(("gRPC", settings.grpc_address, settings.grpc_port))
     if settings.allow_metrics:
-        ports.append(("metrics", settings.http_address, settings.metrics_port))
+        ports.append(("metrics", settings.metrics_address or settings.http_address,
+                      settings.metrics_port))
     return [p for p in ports if p[2] != 0]
 
 

@@ -126,34 +126,35 @@ async def serve_frontend(settings: Settings, index: int = 0) -> None:
     log_descriptor_budget(fds_before, budget, settings)
     dataplane = FrontendDataPlane(settings, index)
     await dataplane.start()
-    log_settings = ProcessLogSettings(LogSettings(log_verbose_level=max(settings.log_verbose, 0)))
+    log_settings = ProcessLogSettings(LogSettings.starting(settings))
     # the process's trace settings and sampling, shared by HTTP and gRPC
     tracer = Tracer(TraceConfig.from_triples(settings.trace_config), index, settings.http_workers)
     servers = [_server(create_asgi_app(dataplane, settings, log_settings, tracer),
                        settings.http_address,
                        settings.http_port, settings.log_verbose,
                        _http_limits(settings, budget.http_connections, budget.over_cap))]
-    listening = [("HTTP", settings.http_port, True)]
+    listening = [("HTTP", settings.http_address, settings.http_port, True)]
     sampler: Sampler | None = None  # the one ops sampler: frontend 0, beside /metrics
     if settings.allow_metrics and index == 0:
         sampler = Sampler(dataplane, settings.instance_id)
         metrics_app = restrict_metrics_app(create_metrics_app(dataplane,
                                                               dashboard_routes(sampler)),
                                            RestrictedApis(settings.http_restricted_apis))
-        servers.append(_server(metrics_app, settings.http_address,
+        metrics_address = settings.metrics_address or settings.http_address
+        servers.append(_server(metrics_app, metrics_address,
                                settings.metrics_port, settings.log_verbose,
                                _http_limits(settings, budget.metrics_connections,
                                             METRICS_OVER_CAP)))
-        listening.append(("metrics", settings.metrics_port, False))
+        listening.append(("metrics", metrics_address, settings.metrics_port, False))
     http_sockets: list[socket.socket] = []  # one per server, bound here: errors name the holder
-    for what, port, reuse_port in listening:
+    for what, address, port, reuse_port in listening:
         try:
-            http_sockets.append(reuse_port_socket(settings.http_address, port, reuse_port))
+            http_sockets.append(reuse_port_socket(address, port, reuse_port))
         except OSError as exc:
             for sock in http_sockets:
                 sock.close()
             await dataplane.close()
-            raise SystemExit(_listen_error(what, settings.http_address, port, exc)) from None
+            raise SystemExit(_listen_error(what, address, port, exc)) from None
 
     async def drain_then_stop() -> None:
         dataplane.begin_exit()
@@ -229,7 +230,7 @@ def _listen_error(what: str, address: str, port: int, exc: OSError) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     settings = Settings.from_json(args[0])
-    setup_logging(settings.log_verbose, "frontend")
+    setup_logging(settings, "frontend")
     hold_instance_lock(settings)
     die_with_parent(STOP_SIGNAL)
     index = int(args[1]) if len(args) > 1 else 0

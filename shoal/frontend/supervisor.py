@@ -181,7 +181,7 @@ def _exit_reason(code: int | None) -> str:
 
 
 def run_supervisor(settings: Settings) -> int:
-    setup_logging(settings.log_verbose, "shoal")
+    setup_logging(settings, "shoal")
     notifier = SystemdNotifier.from_environment()  # and out of the children's environment
     removed = sweep_stale_segments()
     if removed:

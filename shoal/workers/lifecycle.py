@@ -10,6 +10,7 @@ import os
 import shutil
 import signal
 import sys
+import time
 
 from shoal.settings import Settings
 from shoal.shm.sweep import (
@@ -48,12 +49,32 @@ def die_with_parent(sig: int = STOP_SIGNAL) -> None:
         os.kill(os.getpid(), sig)
 
 
-def setup_logging(verbose: int, role: str) -> None:
-    level = logging.DEBUG if verbose > 0 else logging.INFO
-    logging.basicConfig(
-        level=level, stream=sys.stderr,
-        format=f"%(asctime)s %(levelname)s [{role} pid %(process)d] %(name)s: %(message)s",
-    )
+def log_level(verbose: int, info: bool = True, warning: bool = True, error: bool = True) -> int:
+    """The Python logging level of Triton's log switches: verbose > 0 -> DEBUG, else the most
+    verbose of INFO / WARNING / ERROR that is on, else nothing below CRITICAL."""
+    if verbose > 0:
+        return logging.DEBUG
+    for on, level in ((info, logging.INFO), (warning, logging.WARNING), (error, logging.ERROR)):
+        if on:
+            return level
+    return logging.CRITICAL
+
+
+def setup_logging(settings: Settings, role: str) -> None:
+    """The process's logging, to standard error, at the level of ``--log-verbose`` and
+    ``--log-info``/``-warning``/``-error``; ``--log-format ISO8601`` stamps lines in UTC ISO
+    8601."""
+    handler = logging.StreamHandler(sys.stderr)
+    line = f"%(asctime)s %(levelname)s [{role} pid %(process)d] %(name)s: %(message)s"
+    if settings.log_format == "ISO8601":
+        formatter = logging.Formatter(line, datefmt="%Y-%m-%dT%H:%M:%SZ")
+        formatter.converter = time.gmtime
+    else:
+        formatter = logging.Formatter(line)
+    handler.setFormatter(formatter)
+    logging.basicConfig(level=log_level(settings.log_verbose, settings.log_info,
+                                        settings.log_warning, settings.log_error),
+                        handlers=[handler])
 
 
 def hold_instance_lock(settings: Settings) -> None:

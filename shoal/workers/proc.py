@@ -486,7 +486,7 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     spec = msgspec.json.decode(args[0], type=WorkerSpec)
     settings = Settings.from_json(spec.settings_json)
-    setup_logging(settings.log_verbose, f"worker {spec.instance_name}")
+    setup_logging(settings, f"worker {spec.instance_name}")
     hold_instance_lock(settings)  # before any segment: a sweep must see this instance live
     die_with_parent(STOP_SIGNAL)
     return run_worker(spec, settings)

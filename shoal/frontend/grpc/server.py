@@ -67,6 +67,34 @@ def server_options(settings: Settings, max_connections: int | None = None
     return options
 
 
+def response_compression(settings: Settings) -> grpc.Compression:
+    """``--grpc-infer-response-compression-level``: any level but none answers with gzip (grpc
+    compresses only for clients that said they accept it; Python's grpc has no levels)."""
+    if settings.grpc_response_compression == "none":
+        return grpc.Compression.NoCompression
+    return grpc.Compression.Gzip
+
+
+def server_credentials(settings: Settings) -> grpc.ServerCredentials | None:
+    """``--grpc-use-ssl`` (``-mutual``: clients must present a certificate the root
+    certificate signed): TLS credentials from the PEM files; None for plain gRPC. The CLI
+    checked that the files exist; an unreadable one raises SystemExit naming it."""
+    if not settings.grpc_use_ssl:
+        return None
+
+    def read(path: str) -> bytes:
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except OSError as exc:
+            raise SystemExit(f"cannot read {path} for gRPC TLS: {exc.strerror}") from None
+
+    root = read(settings.grpc_root_cert) if settings.grpc_root_cert else None
+    return grpc.ssl_server_credentials(
+        [(read(settings.grpc_server_key), read(settings.grpc_server_cert))],
+        root_certificates=root, require_client_auth=settings.grpc_use_ssl_mutual)
+
+
 def grpc_bind_address(settings: Settings) -> str:
     host = settings.grpc_address
     if ":" in host and not host.startswith("["):
@@ -82,17 +110,21 @@ def create_grpc_server(
     the process's, shared with its HTTP endpoint (so is ``tracer``); ``max_connections`` as in
     ``server_options``. Raises SystemExit when the port cannot be bound."""
     if log_settings is None:
-        log_settings = ProcessLogSettings(LogSettings(log_verbose_level=max(settings.log_verbose,
-                                                                            0)))
+        log_settings = ProcessLogSettings(LogSettings.starting(settings))
     interceptors = restricted_interceptors(RestrictedApis(settings.grpc_restricted_protocols))
     server = grpc.aio.server(options=server_options(settings, max_connections),
-                             interceptors=interceptors)
+                             interceptors=interceptors,
+                             compression=response_compression(settings))
     servicer = InferenceServicer(dataplane, settings, log_settings, tracer)
     add_inference_service(servicer, server)
     server.add_generic_rpc_handlers((health_handler(dataplane),))
     address = grpc_bind_address(settings)
     try:
-        port = server.add_insecure_port(address)
+        credentials = server_credentials(settings)
+        if credentials is None:
+            port = server.add_insecure_port(address)
+        else:
+            port = server.add_secure_port(address, credentials)
     except RuntimeError as exc:
         raise SystemExit(f"could not listen on gRPC address {address}: {exc}") from None
     if port == 0:

@@ -82,7 +82,8 @@ class InferenceServicer:
 
     @guarded
     async def ServerMetadata(self, request: Any, context: Any) -> Any:
-        document = documents.server_metadata(self.model_control is not None)
+        document = documents.server_metadata(self.model_control is not None,
+                                             self.settings.server_id)
         return json_format.ParseDict(document, pb.ServerMetadataResponse())
 
     @guarded

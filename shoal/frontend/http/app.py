@@ -110,7 +110,7 @@ class HttpApi:
         self.dataplane = dataplane
         self.settings = settings
         self.log_settings = log_settings or ProcessLogSettings(
-            LogSettings(log_verbose_level=max(settings.log_verbose, 0)))
+            LogSettings.starting(settings))
         self.model_control = dataplane if isinstance(dataplane, ModelControl) else None
 
     async def _json_body(self, request: Request, what: str) -> dict[str, Any]:
@@ -131,7 +131,8 @@ class HttpApi:
         return self._health(self.dataplane.is_ready())
 
     async def server_metadata(self, request: Request) -> Response:
-        return json_response(documents.server_metadata(self.model_control is not None))
+        return json_response(documents.server_metadata(self.model_control is not None,
+                                                       self.settings.server_id))
 
     async def model_metadata(self, request: Request) -> Response:
         name, version = request.path_params["model"], _version(request)

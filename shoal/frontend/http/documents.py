@@ -39,11 +39,12 @@ BASE_EXTENSIONS: Final = (
 UNLOAD_DEPENDENTS_EXTENSION: Final = "model_repository(unload_dependents)"
 
 
-def server_metadata(model_control: bool) -> dict[str, Any]:
+def server_metadata(model_control: bool, name: str = SERVER_NAME) -> dict[str, Any]:
+    """``name``: the server's id (``--id``, default ``triton``)."""
     extensions = list(BASE_EXTENSIONS)
     if model_control:
         extensions.insert(extensions.index("model_repository") + 1, UNLOAD_DEPENDENTS_EXTENSION)
-    return {"name": SERVER_NAME, "version": TRITON_COMPAT_VERSION, "extensions": extensions}
+    return {"name": name, "version": TRITON_COMPAT_VERSION, "extensions": extensions}
 
 
 def _tensor_metadata(spec: TensorSpec, batching: bool) -> dict[str, Any]:

@@ -17,6 +17,8 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Final
 
 from shoal.errors import invalid_arg, unsupported
+from shoal.settings import Settings
+from shoal.workers.lifecycle import log_level
 
 LOG_FORMATS: Final = ("default", "ISO8601")
 _BOOL_KEYS: Final = ("log_info", "log_warning", "log_error")
@@ -61,16 +63,17 @@ class LogSettings:
             values[key] = value
         return replace(self, **values)
 
+    @staticmethod
+    def starting(settings: Settings) -> LogSettings:
+        """The settings the server started with (``--log-*`` flags)."""
+        return LogSettings(log_file=settings.log_file, log_info=settings.log_info,
+                           log_warning=settings.log_warning, log_error=settings.log_error,
+                           log_verbose_level=max(settings.log_verbose, 0),
+                           log_format=settings.log_format)
+
     def python_level(self) -> int:
-        if self.log_verbose_level > 0:
-            return logging.DEBUG
-        if self.log_info:
-            return logging.INFO
-        if self.log_warning:
-            return logging.WARNING
-        if self.log_error:
-            return logging.ERROR
-        return logging.CRITICAL
+        return log_level(self.log_verbose_level, self.log_info, self.log_warning,
+                         self.log_error)
 
     def apply(self) -> None:
         logging.getLogger().setLevel(self.python_level())

@@ -80,7 +80,8 @@ def render_prometheus(stats: Sequence[ModelStats], snapshot: RepositorySnapshot 
         families.extend(cache_families(stats, snapshot))
     families.extend(lifecycle_families(snapshot))
     families.extend(pinned_memory_families())
-    families.extend(cpu_families())
+    if config.allow_cpu_metrics:
+        families.extend(cpu_families())
     if config.allow_gpu_metrics:
         families.extend(gpu_families(gpus))
     families.extend(device_ledger_families(devices))

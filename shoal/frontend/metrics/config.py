@@ -31,6 +31,7 @@ class MetricsConfig:
     summary_latencies: bool = False
     summary_quantiles: tuple[tuple[float, float], ...] = DEFAULT_QUANTILES
     allow_gpu_metrics: bool = True
+    allow_cpu_metrics: bool = True  # the host CPU and memory gauges (nv_cpu_*)
     interval_s: float = 2.0  # per-interval metrics: GPU readings, summary windows
     response_cache: bool = False  # the server has a response cache: nv_cache_* families
 
@@ -42,6 +43,7 @@ class MetricsConfig:
             summary_latencies=settings.metrics_summary_latencies,
             summary_quantiles=tuple(settings.metrics_summary_quantiles),
             allow_gpu_metrics=settings.allow_gpu_metrics,
+            allow_cpu_metrics=settings.allow_cpu_metrics,
             interval_s=settings.metrics_interval_ms / 1000.0,
             response_cache=settings.response_cache_bytes > 0)
 

@@ -11,7 +11,8 @@
    ``onnxruntime_onnx``; needs the ``onnx`` extra), ``fil`` (tree models; needs the ``trees``
    extra), ``openvino`` (when the ``openvino`` package is installed: the ``openvino`` extra),
    ``tensorflow`` (SavedModels, when TensorFlow is installed: the ``tensorflow`` extra),
-   ``llm`` and ``identity`` (Triton's test backend: ``INPUT<n>`` answered as ``OUTPUT<n>``); Triton's ``tensorrt``, ``dali`` (and ``openvino`` or ``tensorflow`` without its
+   ``llm`` and ``identity`` (Triton's test backend: ``INPUT<n>`` answered as ``OUTPUT<n>``);
+   Triton's ``tensorrt``, ``dali`` (and ``openvino`` or ``tensorflow`` without its
    package) are refused as not installed, saying how to serve such a model here
    (``not_built_in.py``)
 
