@@ -61,7 +61,7 @@ def batch_outcomes(runtime: ModelVersionRuntime, keys: list[RequestKey], rows: i
             else:
                 stats.record_failure(elapsed, "BACKEND")
         if pending.trace is not None:
-            response = with_stamps(response, pending)
+            response = with_stamps(response, pending.trace)
         outcomes.append((key, pending.frontend, response))
     stats.record_successes(succeeded, queued, succeeded_rows)
     stats.record_compute(timings, early_successes + len(succeeded))

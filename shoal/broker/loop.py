@@ -549,7 +549,7 @@ class BrokerLoop:
         response = InferResponse(key[1], runtime.version, message.outputs, message.parameters,
                                  message.error, message.lease, message.final, message.empty)
         if message.final and pending.trace is not None:
-            response = with_stamps(response, pending)
+            response = with_stamps(response, pending.trace)
         self.answer(pending.frontend, response)
         if not pending.responded:
             pending.responded = True
@@ -594,7 +594,7 @@ class BrokerLoop:
             runtime.stats.record_failure(int((now - pending.arrival) * 1e9), reason)
         response = InferResponse(key[1], error=error)
         if pending.trace is not None:
-            response = with_stamps(response, pending)
+            response = with_stamps(response, pending.trace)
         if runtime.orderer is not None and pending.dispatched:
             self.deliver(runtime, key, pending.frontend, response)
         else:

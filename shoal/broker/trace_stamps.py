@@ -8,14 +8,10 @@ Untraced requests never get here (``PendingRequest.trace`` is None). Times are
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
 
 import msgspec
 
 from shoal.messages import BatchTimings, InferResponse, TraceStamps
-
-if TYPE_CHECKING:
-    from shoal.broker.model_runtime import PendingRequest
 
 QUEUE_START, COMPUTE_START, INPUT_END, OUTPUT_START, COMPUTE_END = range(5)
 
@@ -35,7 +31,6 @@ def record_compute(stamps: list[int], timings: BatchTimings) -> None:
         stamps[COMPUTE_END] = output_start + timings.compute_output_ns
 
 
-def with_stamps(response: InferResponse, pending: PendingRequest) -> InferResponse:
-    """``response`` carrying the request's stamps (it is traced: ``pending.trace`` is set)."""
-    assert pending.trace is not None
-    return msgspec.structs.replace(response, trace=TraceStamps(*pending.trace))
+def with_stamps(response: InferResponse, stamps: list[int]) -> InferResponse:
+    """``response`` carrying a traced request's ``stamps`` (its ``PendingRequest.trace``)."""
+    return msgspec.structs.replace(response, trace=TraceStamps(*stamps))

@@ -6,12 +6,9 @@ against the registry (``shm_registry`` does that).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from shoal.errors import invalid_arg
-
-if TYPE_CHECKING:
-    from shoal.frontend.http.codec import OutputRequest
 
 INT64_MAX: Final = (1 << 63) - 1
 SHM_REGION: Final = "shared_memory_region"
@@ -53,8 +50,9 @@ def decode_shared_memory(params: dict[str, Any], tensor: str) -> SharedMemorySli
     return SharedMemorySlice(region, offset=values[1], byte_size=values[0])
 
 
-def check_output_shm(output: OutputRequest) -> None:
-    """An output written to shared memory cannot also be classified (HTTP and gRPC)."""
-    if output.shm is not None and output.classification:
-        raise invalid_arg(f"Output '{output.name}' can't set both 'shared_memory_region' and "
+def check_output_shm(name: str, shm: SharedMemorySlice | None, classification: int) -> None:
+    """Output ``name``, written to shared memory (``shm``), cannot also be classified (HTTP
+    and gRPC)."""
+    if shm is not None and classification:
+        raise invalid_arg(f"Output '{name}' can't set both 'shared_memory_region' and "
                           "'classification'")

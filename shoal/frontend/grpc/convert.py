@@ -312,5 +312,5 @@ def _decode_output(tensor: Any) -> OutputRequest:
             if value is None and not key.startswith("triton_"):  # no oneof member set
                 raise invalid_arg(f"{_no_value_message(key)} (output '{name}')")
             add_output_parameter(output, key, value)
-    check_output_shm(output)
+    check_output_shm(output.name, output.shm, output.classification)
     return output

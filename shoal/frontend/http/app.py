@@ -14,7 +14,7 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
 
 from starlette.applications import Starlette
@@ -28,6 +28,7 @@ from shoal.errors import ShoalError, invalid_arg, unavailable, unsupported
 from shoal.frontend import model_lookup
 from shoal.frontend.header_forward import compile_pattern
 from shoal.frontend.http import documents
+from shoal.frontend.http.endpoint import Endpoint
 from shoal.frontend.http.errors import (
     JSON_CONTENT_TYPE,
     error_response,
@@ -53,7 +54,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-Endpoint = Callable[[Request], Awaitable[Response]]
 
 
 @runtime_checkable

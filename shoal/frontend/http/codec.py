@@ -429,7 +429,7 @@ def _decode_output(name: str, params: dict[str, Any]) -> OutputRequest:
             output.classification = count
         elif key not in SHM_KEYS:
             add_output_parameter(output, key, value)
-    check_output_shm(output)
+    check_output_shm(output.name, output.shm, output.classification)
     if output.shm is not None and output.binary:
         raise invalid_arg(f"Output '{name}' can't set both 'shared_memory_region' and "
                           "'binary_data'")

@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from shoal.frontend.http.app import Endpoint
 from shoal.frontend.http.compression import size_limit_error
+from shoal.frontend.http.endpoint import Endpoint
 from shoal.frontend.http.errors import shoal_error_response
 from shoal.frontend.http.infer import INFER_PATH, TRACE_SCOPE_KEY
 from shoal.frontend.http.restricted import HttpGate

@@ -6,20 +6,10 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Iterable
-from dataclasses import dataclass
 
+from shoal.workers.llm.limits import Limits as Limits
 from shoal.workers.llm.logits.validation import logits_request_error
 from shoal.workers.llm.request import Request
-
-
-@dataclass(frozen=True)
-class Limits:
-    vocab_size: int
-    max_beam_width: int
-    max_seq_len: int
-    num_blocks: int
-    tokens_per_block: int
-    logits_post_processors: frozenset[str] = frozenset()  # names a request may give
 
 
 def request_error(request: Request, limits: Limits) -> str | None:

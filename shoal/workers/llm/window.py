@@ -22,13 +22,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
-if TYPE_CHECKING:  # attention.py imports this module for windowed_prefill_attention
-    from shoal.workers.llm.attention import AttentionBatch, ExtendSpan
+from shoal.workers.llm.attention_batch import AttentionBatch, ExtendSpan
 
 
 def layer_batches(batch: AttentionBatch, windows: Sequence[int | None],

@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from shoal.workers.llm.limits import Limits
     from shoal.workers.llm.request import Request
-    from shoal.workers.llm.validation import Limits
 
 
 def logits_request_error(request: Request, limits: Limits) -> str | None:
