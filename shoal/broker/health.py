@@ -1,4 +1,4 @@
-"""Is a worker alive and making progress? (DESIGN §10 "Health"). Pure: the broker loop passes
+"""Is a worker alive and making progress? (docs/architecture.md §8). Pure: the broker loop passes
 the clock and kills what this names.
 
 Two signals, independent of each other:

@@ -1,6 +1,6 @@
 """The broker's model repository state: every model's lifecycle record, the generations' runtimes,
-reading a model's source for a load, and the read-only views pushed to frontends (DESIGN §1: the
-broker owns repository state).
+reading a model's source for a load, and the read-only views pushed to frontends
+(docs/architecture.md §1: the broker owns repository state).
 
 Threads: ``read_source`` runs on the lifecycle driver's load threads (filesystem work and the
 auto-complete subprocess only; it touches no broker state); everything else runs on the broker

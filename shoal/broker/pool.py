@@ -1,4 +1,4 @@
-"""Worker processes of the broker: spawn, watch, restart with backoff (DESIGN §1).
+"""Worker processes of the broker: spawn, watch, restart with backoff (docs/architecture.md §1).
 
 A ``WorkerHandle`` is one spawn of one model instance. Death is seen through a pidfd registered
 in the broker's poller (instant), so a SIGKILLed worker's requests fail at once. Restart delays

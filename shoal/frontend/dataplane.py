@@ -1,6 +1,6 @@
-"""The transport-agnostic core the HTTP (and later gRPC) endpoints call (DESIGN §1, MLServer's
-DataPlane). It holds the read-only model metadata pushed by the broker, the frontend's input
-arena and the broker connection. The protocol layers parse and serialize; this does the rest.
+"""The transport-agnostic core the HTTP (and later gRPC) endpoints call (docs/architecture.md §1,
+MLServer's DataPlane). It holds the read-only model metadata pushed by the broker, the frontend's
+input arena and the broker connection. The protocol layers parse and serialize; this does the rest.
 
 Threads: every method runs on the frontend's asyncio event loop.
 """

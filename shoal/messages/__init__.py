@@ -1,4 +1,4 @@
-"""Every message that crosses a process boundary (DESIGN §6).
+"""Every message that crosses a process boundary (docs/architecture.md §2).
 
 Wire format: a ZeroMQ multipart message whose first frame is one byte, the ``MsgKind``, and whose
 second frame is the msgpack encoding of the matching Struct (see ``encode``/``decode``). ROUTER

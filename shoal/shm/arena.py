@@ -1,4 +1,5 @@
-"""A process's own shared memory: lazily created segments carved into slots (DESIGN §3).
+"""A process's own shared memory: lazily created segments carved into slots (docs/architecture.md
+§4).
 
 Each frontend and each worker owns one Arena. Segments are named ``f"{prefix}{n}"`` with n
 counting up from 0; a name is never given to a second segment while the arena lives. The arena

@@ -1,4 +1,5 @@
-"""Start-up check that /dev/shm can hold the arenas (DESIGN §3), with the fix in the message.
+"""Start-up check that /dev/shm can hold the arenas (docs/architecture.md §4), with the fix in the
+message.
 
 Containers often get a 64 MiB /dev/shm by default (docker); running out later would fail
 requests or, for a writer touching an unreserved page, kill the process with SIGBUS.

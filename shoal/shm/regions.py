@@ -1,4 +1,5 @@
-"""Segments owned by other processes of this server, attached on first use (DESIGN §3).
+"""Segments owned by other processes of this server, attached on first use (docs/architecture.md
+§4).
 
 The frontend reads worker outputs and workers read frontend inputs through this cache. It only
 ever attaches names under this server's own prefix, checks every (offset, nbytes) against the

@@ -1,4 +1,4 @@
-"""One POSIX shared-memory object mapped into this process (DESIGN §3).
+"""One POSIX shared-memory object mapped into this process (docs/architecture.md §4).
 
 Ownership: the process that creates a segment owns it and is the only one that unlinks it; other
 processes attach and close. ``posix_ipc`` + ``mmap`` are used instead of

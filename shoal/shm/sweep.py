@@ -1,4 +1,4 @@
-"""Finding and removing the shared memory of dead servers (DESIGN §3, §10 "Health").
+"""Finding and removing the shared memory of dead servers (docs/architecture.md §4, §8).
 
 Every server instance has a random id that appears in all its segment names
 (``/shoal-<id>-...``) and a lock file ``<shm_dir>/shoal-<id>.lock``. Every process of the

@@ -1,4 +1,5 @@
-"""Joining the requests of a batch along dim 0, and splitting results back (DESIGN §1 workers).
+"""Joining the requests of a batch along dim 0, and splitting results back (docs/architecture.md
+§7).
 
 A worker maps each request's input slice from shared memory. When the frontend placed the slices
 of one batch back to back in one segment, the batch is already contiguous: ``concat_rows`` then

@@ -1,4 +1,4 @@
-"""The worker process: one model instance on one device (DESIGN §1).
+"""The worker process: one model instance on one device (docs/architecture.md §1).
 
 Loop: receive a Batch from the broker (first freeing the output leases it carries: releases
 given back while this worker was busy ride on its next Batch), map each request's inputs from

@@ -1,4 +1,4 @@
-"""Per-instance scratch memory reserved once at load (DESIGN §3, "Device side").
+"""Per-instance scratch memory reserved once at load (docs/architecture.md §4).
 
 A ``WorkspacePool`` owns one byte buffer on the instance's device: a numpy buffer (shared with a
 torch view) for "cpu", ``torch.empty(nbytes, dtype=uint8, device=...)`` for "cuda:N" / "npu:N".

@@ -1,5 +1,5 @@
-"""Ensembles (DESIGN §4): load-time validation of the step graph against the composing models
-(``validate_ensemble`` -> ``EnsemblePlan``) and the per-request state machine
+"""Ensembles (docs/architecture.md §5): load-time validation of the step graph against the composing
+models (``validate_ensemble`` -> ``EnsemblePlan``) and the per-request state machine
 (``EnsembleRun``), and the admission of step calls under ``max_inflight_requests``
 (``StepAdmission``). Pure: no sockets, no clock; the broker loop drives them."""
 

@@ -1,4 +1,4 @@
-"""``ensemble_scheduling.max_inflight_requests`` as a pure state machine (DESIGN §4).
+"""``ensemble_scheduling.max_inflight_requests`` as a pure state machine (docs/architecture.md §5).
 
 Triton's semantics (core ``ensemble_scheduler.cc``, ``StepInflightRequestLimiter``): one limiter
 per step of the ensemble, shared by all concurrent requests of that ensemble. A step request

@@ -1,5 +1,5 @@
-"""One ensemble request as a pure state machine (DESIGN §4): which composing-model calls can run
-now, what each call's inputs are, and when the request ends and with what.
+"""One ensemble request as a pure state machine (docs/architecture.md §5): which composing-model
+calls can run now, what each call's inputs are, and when the request ends and with what.
 
 How the broker drives a run:
 

@@ -1,4 +1,4 @@
-"""Device memory admission (DESIGN §3, "Device side"): two models that each fit on a GPU alone
+"""Device memory admission (docs/architecture.md §6): two models that each fit on a GPU alone
 must not run it out of memory together.
 
 The broker keeps one ``DeviceLedger``: per visible GPU, its capacity, the share of it loads may

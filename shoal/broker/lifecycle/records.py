@@ -1,5 +1,5 @@
-"""Per-model lifecycle bookkeeping (DESIGN §10): which generation of a model serves, which one
-is loading, which ones drain, and the control commands waiting their turn.
+"""Per-model lifecycle bookkeeping (docs/architecture.md §6): which generation of a model serves,
+which one is loading, which ones drain, and the control commands waiting their turn.
 
 A *generation* is one load of a model: one ModelSource (config + files) and a runtime per
 selected version, with its own workers. A reload starts a new generation while the serving one

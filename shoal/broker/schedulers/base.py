@@ -1,4 +1,4 @@
-"""The contract between the broker loop and its schedulers (DESIGN §4).
+"""The contract between the broker loop and its schedulers (docs/architecture.md §5).
 
 A scheduler is a pure, synchronous state machine. The broker passes the clock in (``now``: seconds
 on the broker's monotonic clock, the same clock that stamps ``QueuedRequest.arrival``) and does all

@@ -1,4 +1,5 @@
-"""The backend contract (DESIGN §5): what a worker process asks of a model implementation.
+"""The backend contract (docs/architecture.md §7): what a worker process asks of a model
+implementation.
 
 A worker owns exactly one backend instance for one model instance on one device. The worker maps
 input tensors from shared memory into numpy views, calls ``execute`` with every request of a

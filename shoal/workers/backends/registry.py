@@ -1,4 +1,4 @@
-"""Finding a backend by name, in Triton's search order (DESIGN §5).
+"""Finding a backend by name, in Triton's search order (docs/architecture.md §7).
 
 ``create_backend(name, model_dir, version_dir, backend_directory)`` looks, in order, for:
 

@@ -1,4 +1,5 @@
-"""BLS (Business Logic Scripting): a worker calling other models of the same server (DESIGN §10).
+"""BLS (Business Logic Scripting): a worker calling other models of the same server
+(docs/architecture.md §7).
 
 For the broker a BLS-calling worker is one more frontend: ``client.BlsClient`` places the inputs
 in the worker's own BLS arena, sends ``InferRequest``s on a DEALER socket connected to the

@@ -1,4 +1,5 @@
-"""Iteration-level (in-flight) scheduling: a pure, clock-free state machine (DESIGN §4).
+"""Iteration-level (in-flight) scheduling: a pure, clock-free state machine (docs/architecture.md
+§7).
 
 Each call to ``schedule`` decides one iteration:
 
