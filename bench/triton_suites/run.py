@@ -18,6 +18,7 @@ probe needs a compiled module; TEST_JETSON=1 (an env switch the tests read) skip
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import signal
@@ -474,6 +475,390 @@ def suite_qa_parameters(ctx: Ctx) -> None:
                        env={"TEST_HEADER": round_name})
 
 
+# ------------------------------------------------ qa/L0_backend_python subtests
+
+
+def _pm(ctx: Ctx, models: Path, src: str, name: str | None = None,
+        model_file: str = "model.py") -> Path:
+    """qa/python_models/<src> as models/<name> (config's ``name:`` line set to it, as the
+    test.sh files' sed does); returns the model's folder."""
+    pm = ctx.server_tree / "qa" / "python_models" / src
+    name = name or src
+    dst = models / name
+    (dst / "1").mkdir(parents=True, exist_ok=True)
+    if (pm / model_file).exists():
+        shutil.copy(pm / model_file, dst / "1" / "model.py")
+    if (pm / "config.pbtxt").exists():
+        lines = (pm / "config.pbtxt").read_text().splitlines()
+        lines = [f'name: "{name}"' if ln.startswith("name:") else ln for ln in lines]
+        (dst / "config.pbtxt").write_text("\n".join(lines) + "\n")
+    return dst
+
+
+def _edit_config(model: Path, *, sub: tuple[str, str] | None = None,
+                 line: tuple[str, str] | None = None, append: str = "") -> None:
+    cfg = model / "config.pbtxt"
+    text = cfg.read_text()
+    if sub is not None:
+        text = text.replace(*sub)
+    if line is not None:  # sed "s/^<prefix>.*/<new>/"
+        text = "\n".join(line[1] if ln.startswith(line[0]) else ln
+                         for ln in text.splitlines()) + "\n"
+    cfg.write_text(text + (append + "\n" if append else ""))
+
+
+SHM_LEAK_TEST = "test_infer_shm_leak.py"
+
+
+def _pb_copy(ctx: Ctx, sub: str) -> Path:
+    """_qa_copy of L0_backend_python/<sub>, with the shared test_infer_shm_leak.py copied in
+    (the subtests run it as ../test_infer_shm_leak.py; from inside, pytest's node ids name
+    it as run_pytest passes them back; it finds ../../common from the same cwd)."""
+    d = _qa_copy(ctx, f"L0_backend_python/{sub}")
+    shutil.copy(ctx.server_tree / "qa" / "L0_backend_python" / SHM_LEAK_TEST, d / SHM_LEAK_TEST)
+    return d
+
+
+def _fresh(path: Path) -> Path:
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    return path
+
+
+def _check(ctx: Ctx, suite: str, name: str, ok: bool, detail: str = "") -> None:
+    ctx.results.append(Result(suite, name, "pass" if ok else "fail", "" if ok else detail))
+
+
+def _start_and_stop(ctx: Ctx, repo: Path, log: Path, flags: list[str],
+                    wait: float = 40) -> bool:
+    """Starts a server, waits until it is ready, exits, or has been live without being ready
+    for a few seconds (util.sh's run_server gives up on a server that is not ready), stops it;
+    True when it became ready. The log is in ``log``."""
+    cmd: list[str]
+    env = None
+    if ctx.args.against == "triton":
+        cmd, env = tritonserver.command([repo], log.parent / "triton", 8000, 8001, 8002,
+                                        address="0.0.0.0", extra_args=flags)
+    else:
+        cmd = [str(SHOAL), "serve", "--model-repository", str(repo), "--http-port", "8000",
+               "--grpc-port", "8001", "--metrics-port", "8002", *flags]
+    before = tritonserver.backend_segments()
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True, env=env)
+    ready, live_since = False, None
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline and proc.poll() is None:
+        if _status("http://localhost:8000/v2/health/ready") == 200:
+            ready = True
+            break
+        if _status("http://localhost:8000/v2/health/live") == 200:
+            live_since = live_since or time.monotonic()
+            if time.monotonic() - live_since > 8:
+                break
+        time.sleep(0.5)
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    tritonserver.remove_backend_segments(before)
+    time.sleep(1)
+    return ready
+
+
+def _shm_pages() -> set[str]:
+    return set(os.listdir("/dev/shm"))
+
+
+def _shm_left(before: set[str], wait: float = 5) -> set[str]:
+    """/dev/shm entries that appeared since ``before`` and are still there after ``wait`` s
+    (test.sh counts right after the server process ended; a little grace for the children)."""
+    deadline = time.monotonic() + wait
+    while True:
+        left = _shm_pages() - before
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.2)
+
+
+def suite_qa_pb_io(ctx: Ctx) -> None:
+    """L0_backend_python/io: test_requested_output_default (add_sub). Left out, as they need a
+    GPU: test_ensemble_io (each of its three dlpack identities is asked to move its output to
+    the GPU in turn, ``.cuda()``), test_requested_output_decoupled (its GPU_OUTPUT flags are
+    ``np.random.rand(4).astype(bool)``, all true, so the model calls ``.cuda()``; without CUDA
+    its response thread dies and the stream never ends), test_empty_gpu_output,
+    test_variable_gpu_output."""
+    d = _pb_copy(ctx, "io")
+    models = _fresh(d / "models")
+    _pm(ctx, models, "add_sub")
+    _pm(ctx, models, "dlpack_io_identity_decoupled")
+    with Server(ctx, models, d / "io_server.log", ["--log-verbose=1"]):
+        run_pytest(ctx, "qa_pb_io", "io_test.py::IOTest::test_requested_output_default", d)
+
+
+BLS_MODELS = ("bls", "dlpack_add_sub", "bls_async", "bls_memory", "bls_memory_async",
+              "add_sub", "execute_error", "identity_fp32", "dlpack_identity", "dlpack_square",
+              "identity_fp32_timeout")
+
+
+def suite_qa_pb_bls(ctx: Ctx) -> None:
+    """L0_backend_python/bls: the four BLS unittest models (bls, bls_memory, bls_memory_async,
+    bls_async) in both BLS_KIND trials, each run through test_infer_shm_leak.py, the
+    "Request timeout: 11000000000" log check, bls_init_error / bls_finalize_error,
+    bls_model_loading and bls_parameters_test.py. Left out: the CUDA memory-pool sizes (one
+    server per trial, no --cuda-memory-pool-byte-size), and the models of other backends the
+    test.sh copies from its data dir (onnx_nobatch_sequence_int32, libtorch_cpu/_gpu,
+    onnx_int32_int32_int32): the bls models' sub-tests that call them fail without them, on
+    either server, so test_shm_leak of those models is expected to fail here."""
+    d = _pb_copy(ctx, "bls")
+    suite = "qa_pb_bls"
+    models = _fresh(d / "models")
+    for m in BLS_MODELS:
+        _pm(ctx, models, m)
+    ex = ctx.pb_tree / "examples" / "decoupled"
+    _copy_model(ex / "square_model.py", ex / "square_config.pbtxt", models, "square_int32")
+    for trial in ("non_decoupled", "decoupled"):
+        log = d / f"bls_{trial}.inference_server.log"
+        with Server(ctx, models, log, ["--log-verbose=1"]):
+            for m in ("bls", "bls_memory", "bls_memory_async", "bls_async"):
+                run_pytest(ctx, f"{suite}/{trial}/{m}", SHM_LEAK_TEST, d,
+                           timeout_each=300, env={"BLS_KIND": trial, "MODEL_NAME": m})
+        text = log.read_text(errors="replace")
+        _check(ctx, suite, f"{trial}: log 'Request timeout: 11000000000'",
+               "Request timeout: 11000000000" in text, "not in the server log")
+    error = "BLS is only supported during the 'execute' function."
+    models = _fresh(d / "models")
+    _pm(ctx, models, "bls_init_error")
+    log = d / "bls_init_error_server.log"
+    ready = _start_and_stop(ctx, models, log, ["--log-verbose=1"])
+    _check(ctx, suite, "bls_init_error: not ready, message logged",
+           not ready and error in log.read_text(errors="replace"),
+           f"ready={ready}, message {'found' if error in log.read_text() else 'missing'}")
+    models = _fresh(d / "models")
+    _pm(ctx, models, "bls_finalize_error")
+    log = d / "bls_finalize_error_server.log"
+    ready = _start_and_stop(ctx, models, log, ["--log-verbose=1"])
+    _check(ctx, suite, "bls_finalize_error: ready, message logged at unload",
+           ready and error in log.read_text(errors="replace"),
+           f"ready={ready}, message {'found' if error in log.read_text() else 'missing'}")
+    models = _fresh(d / "models")
+    _pm(ctx, models, "bls_model_loading")
+    with Server(ctx, models, d / "bls_model_loading_server.log",
+                ["--model-control-mode=explicit", "--log-verbose=1"]):
+        req = urllib.request.Request(
+            "http://localhost:8000/v2/repository/models/bls_model_loading/load", data=b"",
+            method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=120) as r:
+                code = r.status
+        except Exception as exc:
+            code = int(getattr(exc, "code", 0) or 0)
+        _check(ctx, suite, "bls_model_loading: load", code == 200, f"HTTP {code}")
+        run_pytest(ctx, f"{suite}/bls_model_loading", SHM_LEAK_TEST, d,
+                   timeout_each=300, env={"MODEL_NAME": "bls_model_loading"})
+    params = _fresh(d / "params_models")
+    _pm(ctx, params, "bls_parameters")
+    with Server(ctx, params, d / "bls_parameters.server.log", ["--log-verbose=1"]):
+        run_pytest(ctx, f"{suite}/bls_parameters", "bls_parameters_test.py", d)
+
+
+def suite_qa_pb_lifecycle(ctx: Ctx) -> None:
+    """L0_backend_python/lifecycle: lifecycle_test.py (one round, not test.sh's five), the
+    /dev/shm page count before and after, init_error / fini_error / auto_complete_error log
+    checks."""
+    d = _pb_copy(ctx, "lifecycle")
+    suite = "qa_pb_lifecycle"
+    models = _fresh(d / "models")
+    for m in ("error_code", "execute_cancel", "execute_return_error"):
+        _pm(ctx, models, m)
+    _edit_config(_pm(ctx, models, "execute_error"), line=("max_batch_size:", "max_batch_size: 8"),
+                 append="dynamic_batching { preferred_batch_size: [8], "
+                        "max_queue_delay_microseconds: 12000000 }")
+    _edit_config(_pm(ctx, models, "execute_grpc_error"),
+                 line=("max_batch_size:", "max_batch_size: 8"),
+                 append="dynamic_batching { preferred_batch_size: [8], "
+                        "max_queue_delay_microseconds: 1200000 }")
+    _edit_config(_pm(ctx, models, "wrong_model"), sub=("TYPE_FP32", "TYPE_UINT32"))
+    pages = _shm_pages()
+    with Server(ctx, models, d / "lifecycle_server.log", ["--log-verbose=1"]):
+        run_pytest(ctx, suite, "lifecycle_test.py", d, timeout_each=120)
+    left = _shm_left(pages)
+    _check(ctx, suite, "shm pages cleaned", not left, f"left: {sorted(left)[:5]}")
+    for model, needle, flags, want_ready in (
+            ("init_error", "name 'lorem_ipsum' is not defined", [], False),
+            ("fini_error", "name 'undefined_variable' is not defined", [], True),
+            ("auto_complete_error", "name 'undefined_variable' is not defined",
+             ["--strict-model-config=false"], False)):
+        models = _fresh(d / "models")
+        dst = _pm(ctx, models, model)
+        if model == "auto_complete_error":
+            (dst / "config.pbtxt").unlink(missing_ok=True)  # test.sh copies model.py only
+        log = d / f"{model}_server.log"
+        pages = _shm_pages()
+        if ctx.args.against == "shoal":
+            flags = [f for f in flags if not f.startswith("--strict-model-config")]
+        ready = _start_and_stop(ctx, models, log, ["--log-verbose=1", *flags])
+        text = log.read_text(errors="replace")
+        _check(ctx, suite, f"{model}: ready={want_ready}, message logged",
+               ready == want_ready and needle in text,
+               f"ready={ready}, message {'found' if needle in text else 'missing'}")
+        left = _shm_left(pages)
+        _check(ctx, suite, f"{model}: shm pages cleaned", not left, f"left: {sorted(left)[:5]}")
+
+
+def suite_qa_pb_argument_validation(ctx: Ctx) -> None:
+    """L0_backend_python/argument_validation: its own models dir, test_infer_shm_leak.py."""
+    d = _pb_copy(ctx, "argument_validation")
+    with Server(ctx, d / "models", d / "arg_validation_server.log", ["--log-verbose=1"]):
+        run_pytest(ctx, "qa_pb_argument_validation", SHM_LEAK_TEST, d,
+                   timeout_each=240, env={"MODEL_NAME": "argument_validation"})
+
+
+def suite_qa_pb_async_execute(ctx: Ctx) -> None:
+    """L0_backend_python/async_execute: concurrency_test.py (SERVER_LOG names the log)."""
+    d = _pb_copy(ctx, "async_execute")
+    models = _fresh(d / "models")
+    _pm(ctx, models, "async_execute_decouple")
+    _pm(ctx, models, "async_execute_decouple_bls")
+    log = d / "concurrency_test.server.log"
+    with Server(ctx, models, log, ["--log-verbose=1"]):
+        run_pytest(ctx, "qa_pb_async_execute", "concurrency_test.py", d, timeout_each=120,
+                   env={"SERVER_LOG": str(log)})
+
+
+def suite_qa_pb_ensemble(ctx: Ctx) -> None:
+    """L0_backend_python/ensemble: test_ensemble (two add_sub steps); test_ensemble_gpu is
+    left out (a libtorch model on KIND_GPU), and so is its model."""
+    d = _pb_copy(ctx, "ensemble")
+    models = _fresh(d / "models")
+    pm = ctx.server_tree / "qa" / "python_models"
+    (models / "ensemble" / "1").mkdir(parents=True)
+    shutil.copy(pm / "ensemble" / "config.pbtxt", models / "ensemble" / "config.pbtxt")
+    for name in ("add_sub_1", "add_sub_2"):  # test.sh keeps the config's name: add_sub
+        _copy_model(pm / "add_sub" / "model.py", pm / "add_sub" / "config.pbtxt", models, name)
+    pages = _shm_pages()
+    with Server(ctx, models, d / "ensemble_server.log", ["--log-verbose=1"]):
+        run_pytest(ctx, "qa_pb_ensemble", "ensemble_test.py::EnsembleTest::test_ensemble", d)
+    left = _shm_left(pages)
+    _check(ctx, "qa_pb_ensemble", "shm pages cleaned", not left, f"left: {sorted(left)[:5]}")
+
+
+def suite_qa_pb_model_control(ctx: Ctx) -> None:
+    """L0_backend_python/model_control: model_control_test.py, explicit mode."""
+    d = _pb_copy(ctx, "model_control")
+    models = _fresh(d / "models")
+    pm = ctx.server_tree / "qa" / "python_models"
+    _copy_model(pm / "identity_fp32" / "model.py", pm / "identity_fp32" / "config.pbtxt",
+                models, "identity_fp32")
+    (models / "simple_identity_fp32" / "1").mkdir(parents=True)
+    shutil.copy(pm / "simple_identity_fp32" / "config.pbtxt",
+                models / "simple_identity_fp32" / "config.pbtxt")
+    with Server(ctx, models, d / "model_control_server.log",
+                ["--model-control-mode=explicit", "--log-verbose=1"]):
+        run_pytest(ctx, "qa_pb_model_control", "model_control_test.py", d, timeout_each=120)
+
+
+def suite_qa_pb_response_sender(ctx: Ctx) -> None:
+    """L0_backend_python/response_sender: response_sender_test.py on its eight variants, then
+    response_sender_complete_final_test.py (SERVER_LOG names each server's log)."""
+    d = _pb_copy(ctx, "response_sender")
+    pm = ctx.server_tree / "qa" / "python_models" / "response_sender"
+    models = _fresh(d / "models")
+    decoupled = "model_transaction_policy { decoupled: True }"
+    batching = "dynamic_batching { max_queue_delay_microseconds: 500000 }"
+    for name, file, extra in (
+            ("response_sender", "model.py", []),
+            ("response_sender_decoupled", "model.py", [decoupled]),
+            ("response_sender_async", "model_async.py", []),
+            ("response_sender_decoupled_async", "model_async.py", [decoupled]),
+            ("response_sender_batching", "model.py", [batching]),
+            ("response_sender_decoupled_batching", "model.py", [decoupled, batching]),
+            ("response_sender_async_batching", "model_async.py", [batching]),
+            ("response_sender_decoupled_async_batching", "model_async.py",
+             [decoupled, batching])):
+        dst = models / name / "1"
+        dst.mkdir(parents=True)
+        shutil.copy(pm / "model_common.py", dst / "model_common.py")
+        shutil.copy(pm / file, dst / "model.py")
+        cfg = (pm / "config.pbtxt").read_text()  # test.sh keeps the config's name line
+        (models / name / "config.pbtxt").write_text(cfg + "".join(f"\n{e}\n" for e in extra))
+    log = d / "response_sender_test.server.log"
+    with Server(ctx, models, log, ["--log-verbose=1"]):
+        run_pytest(ctx, "qa_pb_response_sender", "response_sender_test.py", d,
+                   timeout_each=120, env={"SERVER_LOG": str(log)})
+    models = _fresh(d / "models")
+    _pm(ctx, models, "response_sender_complete_final")
+    log = d / "response_sender_complete_final_test.server.log"
+    with Server(ctx, models, log, ["--log-verbose=1"]):
+        run_pytest(ctx, "qa_pb_response_sender/complete_final",
+                   "response_sender_complete_final_test.py", d, env={"SERVER_LOG": str(log)})
+
+
+def suite_qa_pb_request_rescheduling(ctx: Ctx) -> None:
+    """L0_backend_python/request_rescheduling: bls_request_rescheduling through
+    test_infer_shm_leak.py, then grpc_endpoint_test.py (explicit mode, --load-model=*)."""
+    d = _pb_copy(ctx, "request_rescheduling")
+    models = _fresh(d / "models")
+    for m in ("bls_request_rescheduling", "request_rescheduling_addsub", "iterative_sequence",
+              "wrong_return_type"):
+        _pm(ctx, models, m)
+    with Server(ctx, models, d / "request_rescheduling_server.log",
+                ["--model-control-mode=explicit", "--load-model=*", "--log-verbose=1"]):
+        run_pytest(ctx, "qa_pb_request_rescheduling", SHM_LEAK_TEST, d,
+                   timeout_each=240, env={"MODEL_NAME": "bls_request_rescheduling"})
+        run_pytest(ctx, "qa_pb_request_rescheduling/grpc", "grpc_endpoint_test.py", d)
+
+
+def suite_qa_pb_custom_metrics(ctx: Ctx) -> None:
+    """L0_backend_python/custom_metrics: the custom_metrics model's unittest through
+    test_infer_shm_leak.py."""
+    d = _pb_copy(ctx, "custom_metrics")
+    models = _fresh(d / "models")
+    _pm(ctx, models, "custom_metrics")
+    with Server(ctx, models, d / "custom_metrics_server.log", ["--log-verbose=1"]):
+        run_pytest(ctx, "qa_pb_custom_metrics", SHM_LEAK_TEST, d,
+                   timeout_each=240, env={"MODEL_NAME": "custom_metrics"})
+
+
+def _log_counts(ctx: Ctx, suite: str, text: str, non_verbose: int, verbose: int) -> None:
+    for msg in ("Specific Msg!", "Info Msg!", "Warning Msg!", "Error Msg!", "Verbose Msg!"):
+        want = verbose if msg == "Verbose Msg!" else non_verbose
+        n = sum(msg in ln for ln in text.splitlines())  # grep -c counts lines
+        _check(ctx, suite, f"log count '{msg}' == {want}", n == want, f"found {n}")
+
+
+def suite_qa_pb_logging(ctx: Ctx) -> None:
+    """L0_backend_python/logging: logging_test.py in three rounds (default, log_verbose_level
+    1 set over /v2/logging, log_info/warning/error turned off), each followed by test.sh's
+    per-line message counts."""
+    d = _pb_copy(ctx, "logging")
+    models = _fresh(d / "models")
+    _pm(ctx, models, "identity_fp32_logging")
+    for round_name, settings, counts in (
+            ("default", [], (4, 0)),
+            ("verbose", [{"log_verbose_level": 1}], (4, 3)),
+            ("disabled", [{"log_info": False}, {"log_warning": False}, {"log_error": False}],
+             (1, 0))):
+        log = d / f"logging_server.{round_name}.log"
+        with Server(ctx, models, log, []):
+            for body in settings:
+                req = urllib.request.Request("http://localhost:8000/v2/logging",
+                                             data=json.dumps(body).encode(), method="POST")
+                try:
+                    with urllib.request.urlopen(req, timeout=10) as r:
+                        code = r.status
+                except Exception as exc:
+                    code = int(getattr(exc, "code", 0) or 0)
+                _check(ctx, f"qa_pb_logging/{round_name}", f"POST /v2/logging {body}",
+                       code == 200, f"HTTP {code}")
+            run_pytest(ctx, f"qa_pb_logging/{round_name}", "logging_test.py", d)
+        _log_counts(ctx, f"qa_pb_logging/{round_name}", log.read_text(errors="replace"),
+                    *counts)
+
+
 SUITES: dict[str, Callable[[Ctx], None]] = {
     "pb_examples": suite_pb_examples,
     "client_examples": suite_client_examples,
@@ -483,6 +868,17 @@ SUITES: dict[str, Callable[[Ctx], None]] = {
     "qa_generate": suite_qa_generate,
     "qa_input_validation": suite_qa_input_validation,
     "qa_parameters": suite_qa_parameters,
+    "qa_pb_io": suite_qa_pb_io,
+    "qa_pb_bls": suite_qa_pb_bls,
+    "qa_pb_lifecycle": suite_qa_pb_lifecycle,
+    "qa_pb_argument_validation": suite_qa_pb_argument_validation,
+    "qa_pb_async_execute": suite_qa_pb_async_execute,
+    "qa_pb_ensemble": suite_qa_pb_ensemble,
+    "qa_pb_model_control": suite_qa_pb_model_control,
+    "qa_pb_response_sender": suite_qa_pb_response_sender,
+    "qa_pb_request_rescheduling": suite_qa_pb_request_rescheduling,
+    "qa_pb_custom_metrics": suite_qa_pb_custom_metrics,
+    "qa_pb_logging": suite_qa_pb_logging,
 }
 
 

@@ -3,10 +3,12 @@
 One ``PythonBackend`` per worker process (one model instance). ``load`` imports the model file
 (see ``loader``), instantiates ``TritonPythonModel`` and calls ``initialize(args)`` with Triton's
 keys; ``execute`` wraps each request as ``pb_utils.InferenceRequest`` over the request's numpy
-arrays (no copy), calls the model's ``execute`` (an ``async def execute`` runs to completion on
-a private event loop thread, as Triton's stub does), and turns each ``InferenceResponse`` into a
-``BackendResponse`` or an ``Error``. An exception raised by the model fails every request of the
-batch with an ``Error`` carrying the exception text (the traceback goes to the log only).
+arrays (no copy), calls the model's ``execute`` (an ``async def execute`` runs on a private
+event loop thread, as Triton's stub does: waited for, except a decoupled model's, which runs in
+the background while the instance takes its next requests), and turns each
+``InferenceResponse`` into a ``BackendResponse`` or an ``Error``. An exception raised by the
+model fails every request of the batch with an ``Error`` carrying the exception text (the
+traceback goes to the log only).
 
 Decoupled models answer through ``request.get_response_sender()`` (any thread, any time until
 FINAL); the worker streams each response out as it is sent. ``request.is_cancelled()`` reads the
@@ -26,12 +28,14 @@ builds batch input tensors (it hands the stub each request's own inputs) nor sca
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import json
 import logging
 import os
 import sys
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from shoal.dtypes import config_to_wire, numpy_to_wire
@@ -127,10 +131,11 @@ class PythonBackend:
         return [self._convert_response(response, request)
                 for response, request in zip(responses, requests, strict=True)]
 
-    def _execute_failed(self, exc: Exception, count: int) -> Error:
-        """execute() raised: logged once, and the error every request of the call gets."""
-        logger.exception("model instance '%s' failed to execute %d request(s)",
-                         self._instance_name, count)
+    def _execute_failed(self, exc: BaseException, count: int) -> Error:
+        """execute() raised: logged once (with its traceback), and the error every request of
+        the call gets."""
+        logger.error("model instance '%s' failed to execute %d request(s)",
+                     self._instance_name, count, exc_info=exc)
         return Error(ErrorCode.INTERNAL,
                      f"Failed to process the request(s) for model '{self._instance_name}', "
                      f"message: {type(exc).__name__}: {exc}")
@@ -141,21 +146,58 @@ class PythonBackend:
         """Responses travel through each request's sender (now or later, any thread); execute
         itself answers nothing, except an error for requests whose sender is still open when
         the model raised or returned anything but None (as Triton's python backend: a
-        decoupled execute must return None, and the client must not wait for ever)."""
+        decoupled execute must return None, and the client must not wait for ever).
+
+        An ``async def execute`` is not waited for (as Triton's stub): the coroutine runs on
+        the model's event loop in the background and the instance takes its next requests at
+        once, so several executes overlap while they await; when one ends with an exception
+        (or a return value) it is logged and the requests still open get the error."""
         try:
-            returned = self._await_if_needed(self._model.execute(pb_requests))
+            returned = self._model.execute(pb_requests)
+            if asyncio.iscoroutine(returned):
+                self._runner.submit(returned, lambda outcome: self._background_done(
+                    outcome, requests, pb_requests))
+                return [None] * len(requests)
         except Exception as exc:
             error = self._execute_failed(exc, len(requests))
         else:
             if returned is None:
                 return [None] * len(requests)
-            logger.error("decoupled model instance '%s' returned %s from execute (must return "
-                         "None)", self._instance_name, type(returned).__name__)
-            error = Error(ErrorCode.INTERNAL,
-                          f"Python model '{self._instance_name}' is using the decoupled mode "
-                          "and the execute function must return None.")
+            error = self._returned_not_none(returned)
         return [None if (p._sender is not None and p._sender.closed) else error
                 for p in pb_requests]
+
+    def _returned_not_none(self, returned: Any) -> Error:
+        logger.error("decoupled model instance '%s' returned %s from execute (must return "
+                     "None)", self._instance_name, type(returned).__name__)
+        return Error(ErrorCode.INTERNAL,
+                     f"Python model '{self._instance_name}' is using the decoupled mode "
+                     "and the execute function must return None.")
+
+    def _background_done(self, outcome: concurrent.futures.Future[Any],
+                         requests: list[BackendRequest],
+                         pb_requests: list[InferenceRequest]) -> None:
+        """A background decoupled execute ended (on the event loop's thread)."""
+        if outcome.cancelled():
+            return  # the loop was closed at unload
+        exc = outcome.exception()
+        if exc is not None:
+            error = self._execute_failed(exc, len(requests))
+        elif outcome.result() is not None:
+            error = self._returned_not_none(outcome.result())
+        else:
+            return
+        sink = self._send_response
+        if sink is None:
+            return
+        for request, pb_request in zip(requests, pb_requests, strict=True):
+            sender = pb_request.get_response_sender()
+            if sender.closed:
+                continue
+            sender._closed = True
+            # already ended (answered by another thread meanwhile): nothing to do
+            with contextlib.suppress(ShoalError):
+                sink(request.request_id, error, True)
 
     def unload(self) -> None:
         pb_bls.detach()
@@ -266,13 +308,22 @@ class _AsyncRunner:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
 
-    def run(self, coroutine: Coroutine[Any, Any, Any]) -> Any:
+    def _start(self) -> asyncio.AbstractEventLoop:
         if self._loop is None:
             self._loop = asyncio.new_event_loop()
             self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
                                             name="shoal-python-model-loop")
             self._thread.start()
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+        return self._loop
+
+    def run(self, coroutine: Coroutine[Any, Any, Any]) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, self._start()).result()
+
+    def submit(self, coroutine: Coroutine[Any, Any, Any],
+               done: Callable[[concurrent.futures.Future[Any]], None]) -> None:
+        """Runs ``coroutine`` in the background; ``done(future)`` when it ends."""
+        future = asyncio.run_coroutine_threadsafe(coroutine, self._start())
+        future.add_done_callback(done)
 
     def close(self) -> None:
         if self._loop is None:
