@@ -98,6 +98,10 @@ class PythonBackend:
         self._batching = config.max_batch_size > 0
         path = self._model_path_override or os.path.join(
             ctx.version_dir, config.default_model_filename or DEFAULT_MODEL_FILENAME)
+        # the model sees the command line of Triton's stub (an embedded interpreter: ['']),
+        # not the worker's spec: QA models run ``unittest.main("model", exit=False)``, which
+        # reads sys.argv[1:] as the names of the tests to run
+        sys.argv = [""]
         module = import_model_file(path)
         model_class = getattr(module, "TritonPythonModel", None)
         if model_class is None:
@@ -124,12 +128,33 @@ class PythonBackend:
             return self._execute_decoupled(requests, pb_requests)
         try:
             returned = self._await_if_needed(self._model.execute(pb_requests))
-            responses = _check_returned(pb_requests, returned)
+            responses = _check_returned(pb_requests, returned, self._instance_name)
         except Exception as exc:
             error = self._execute_failed(exc, len(requests))
-            return [error] * len(requests)
-        return [self._convert_response(response, request)
-                for response, request in zip(responses, requests, strict=True)]
+            # a response already sent through the request's sender stands (Triton's stub had
+            # delivered it at send; the error that followed is dropped for that request)
+            return [error if p.sent_response is None else self._convert_response(
+                p.sent_response, r) for p, r in zip(pb_requests, requests, strict=True)]
+        answers: list[BackendResponse | Error | None] = []
+        for response, pb_request, request in zip(responses, pb_requests, requests,
+                                                 strict=True):
+            # None: its sender answers after execute returned
+            answer = self._await_sender(pb_request) if response is None else response
+            answers.append(answer if isinstance(answer, Error)
+                           else self._convert_response(answer, request))
+        return answers
+
+    def _await_sender(self, pb_request: InferenceRequest) -> InferenceResponse | Error:
+        """A non-decoupled request that execute returned None for while its sender is open:
+        its response comes from the model's own thread or task later (Triton's stub lets it;
+        the request completes when FINAL is sent). Waits for it, or for the client to cancel."""
+        sender = pb_request.get_response_sender()
+        while not sender.wait_closed(0.1):
+            if pb_request.is_cancelled():
+                return Error(ErrorCode.CANCELLED, "request cancelled")
+        response = sender.sent_response
+        assert response is not None  # FINAL needs a response first (non-decoupled)
+        return response
 
     def _execute_failed(self, exc: BaseException, count: int) -> Error:
         """execute() raised: logged once (with its traceback), and the error every request of
@@ -363,9 +388,13 @@ def _initialize_args(ctx: InstanceContext) -> dict[str, str]:
     }
 
 
-def _check_returned(requests: list[InferenceRequest], returned: Any) -> list[InferenceResponse]:
-    """One InferenceResponse per request, from the returned list or the response senders;
-    raises TritonModelException with Triton's messages when the model broke the contract."""
+def _check_returned(requests: list[InferenceRequest], returned: Any, instance: str
+                    ) -> list[InferenceResponse | None]:
+    """One InferenceResponse per request, from the returned list or the response senders, or
+    None for a request whose sender is open and unanswered (its response comes later);
+    raises TritonModelException with Triton's messages when the model broke the contract.
+    A request whose sender already sent a response keeps it when execute also returned one
+    (Triton's stub sends the first and fails on the second; the error is logged)."""
     if returned is None:
         returned = [None] * len(requests)
     if not isinstance(returned, list):
@@ -376,21 +405,24 @@ def _check_returned(requests: list[InferenceRequest], returned: Any) -> list[Inf
             "Number of InferenceResponse objects do not match the number of InferenceRequest "
             f"objects. InferenceRequest(s) size is:{len(requests)}, and InferenceResponse(s) "
             f"size is:{len(returned)}")
-    responses: list[InferenceResponse] = []
+    responses: list[InferenceResponse | None] = []
     for request, item in zip(requests, returned, strict=True):
         sent = request.sent_response
         if item is None:
-            if sent is None:
+            if sent is None and (request._sender is None or request._sender.closed):
                 raise pb_utils.TritonModelException(
                     "execute returned None for a request without sending its response")
-            item = sent
-        elif not isinstance(item, InferenceResponse):
+            responses.append(sent)
+            continue
+        if not isinstance(item, InferenceResponse):
             raise pb_utils.TritonModelException(
                 "Expected an 'InferenceResponse' object in the execute function return list, "
                 f"found type '{type(item)}'.")
-        elif sent is not None:
-            raise pb_utils.TritonModelException(
-                "Non-decoupled model cannot send more than one response.")
+        if sent is not None:
+            logger.error("model instance '%s': a response returned from execute for a request "
+                         "that already sent one through its response sender is dropped "
+                         "(Non-decoupled model cannot send more than one response.)", instance)
+            item = sent
         responses.append(item)
     return responses
 

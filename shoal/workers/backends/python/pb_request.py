@@ -3,12 +3,13 @@
 BLS: ``InferenceRequest(model_name=..., ...).exec()`` / ``async_exec()`` call another model of
 the server (``pb_bls``). Not supported yet (raises ``TritonModelException``): request
 rescheduling. ``get_response_sender`` follows the non-decoupled rules (exactly one response,
-then FINAL), or streams each send out for decoupled models.
+then FINAL, before or after execute returns), or streams each send out for decoupled models.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -125,6 +126,7 @@ class InferenceResponseSender:
                  ) -> None:
         self._response: InferenceResponse | None = None
         self._closed = False
+        self._done = threading.Event()  # set with FINAL (``wait_closed``)
         self._emit = emit
         self._cancelled = cancelled
 
@@ -156,6 +158,12 @@ class InferenceResponseSender:
                 raise TritonModelException(
                     "Non-decoupled model cannot send complete final before sending a response.")
             self._closed = True
+            self._done.set()
+
+    def wait_closed(self, timeout: float) -> bool:
+        """Non-decoupled: True once FINAL was sent (from any thread), waiting up to
+        ``timeout`` s."""
+        return self._done.wait(timeout)
 
     def is_cancelled(self) -> bool:
         return self._cancelled() if self._cancelled is not None else False
