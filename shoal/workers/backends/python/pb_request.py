@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from shoal.errors import ErrorCode
@@ -88,9 +88,12 @@ def parameters_to_json(parameters: Any) -> str:
 class InferenceResponse:
     """``pb_utils.InferenceResponse(output_tensors=[], error=None, parameters=None)``."""
 
-    def __init__(self, output_tensors: Any = None, error: TritonError | None = None,
+    def __init__(self, output_tensors: Any = (), error: TritonError | None = None,
                  parameters: Any = None) -> None:
-        tensors = [] if output_tensors is None else list(output_tensors)
+        if not isinstance(output_tensors, list | tuple):  # None too, as Triton's bindings
+            raise TypeError("InferenceResponse(): output_tensors must be a list of "
+                            f"pb_utils.Tensor, not {type(output_tensors).__name__}")
+        tensors = list(output_tensors)
         for tensor in tensors:
             if not isinstance(tensor, Tensor):
                 raise TritonModelException(
@@ -193,8 +196,8 @@ class InferenceRequest:
     ``model_name`` may be given as bytes (``text_argument``)."""
 
     def __init__(self, request_id: str = "", correlation_id: int | str = 0,
-                 inputs: list[Tensor] | None = None,
-                 requested_output_names: list[str] | None = None,
+                 inputs: Sequence[Tensor] = (),
+                 requested_output_names: Sequence[str] = (),
                  model_name: str | bytes = "",
                  model_version: int = -1, flags: int = 0, timeout: int = 0,
                  preferred_memory: PreferredMemory | None = None,
@@ -203,8 +206,20 @@ class InferenceRequest:
             raise TritonModelException("Correlation ID must be integer or string")
         self._request_id = request_id
         self._correlation_id = correlation_id
-        self._inputs: list[Tensor] = list(inputs or [])
-        self._requested = list(requested_output_names or [])
+        # None is a TypeError and a list holding anything but Tensors a TritonModelException,
+        # as Triton's bindings (QA's argument_validation)
+        for what, value in (("inputs", inputs),
+                            ("requested_output_names", requested_output_names)):
+            if not isinstance(value, list | tuple):
+                raise TypeError(f"InferenceRequest(): {what} must be a list, not "
+                                f"{type(value).__name__}")
+        for tensor in inputs:
+            if not isinstance(tensor, Tensor):
+                raise TritonModelException(
+                    f"InferenceRequest(): inputs must hold pb_utils.Tensor objects, found "
+                    f"{type(tensor)}")
+        self._inputs: list[Tensor] = list(inputs)
+        self._requested = list(requested_output_names)
         self.model_name = text_argument(model_name, "InferenceRequest(): model_name")
         self.model_version = model_version
         self._flags = flags

@@ -59,7 +59,12 @@ class Tensor:
     """``pb_utils.Tensor(name, numpy_array)``."""
 
     def __init__(self, name: str, numpy_array: Any) -> None:
-        if not isinstance(name, str) or name == "":
+        # argument types first, as Triton's bindings check them (TypeError), then the values
+        if not isinstance(name, str):
+            raise TypeError(f"Tensor(): name must be a str, not {type(name).__name__}")
+        if numpy_array is None:
+            raise TypeError("Tensor(): numpy_array must be a numpy array, not None")
+        if name == "":
             raise TritonModelException("Tensor name cannot be an empty string.")
         array = np.asarray(numpy_array)
         if array.dtype.kind in ("U", "S"):
@@ -134,7 +139,9 @@ class Tensor:
     @staticmethod
     def from_dlpack(name: str, tensor: Any) -> Tensor:
         """A Tensor over a DLPack capsule or an object with ``__dlpack__`` (C-contiguous only)."""
-        if not isinstance(name, str) or name == "":
+        if not isinstance(name, str):
+            raise TypeError(f"from_dlpack(): name must be a str, not {type(name).__name__}")
+        if name == "":
             raise TritonModelException("Tensor name cannot be an empty string.")
         if type(tensor).__name__ == "PyCapsule":
             tensor = _CapsuleHolder(tensor)

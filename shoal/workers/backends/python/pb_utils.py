@@ -14,6 +14,7 @@ This module imports no torch (auto-complete runs without it).
 
 from __future__ import annotations
 
+import enum
 import logging
 import struct
 from typing import Any
@@ -171,32 +172,59 @@ def is_model_ready(model_name: str, model_version: str = "") -> bool:
     return pb_bls.is_model_ready(model_name, model_version)
 
 
-class Logger:
-    """``pb_utils.Logger``: static methods that write to Python logging."""
+class LogLevel(enum.IntEnum):
+    """``pb_utils.Logger.LogLevel`` (its members also as ``Logger.INFO`` ...)."""
 
     INFO = 0
     WARNING = 1
     ERROR = 2
     VERBOSE = 3
-    _LEVELS = {INFO: logging.INFO, WARNING: logging.WARNING, ERROR: logging.ERROR,
-               VERBOSE: logging.DEBUG}
+
+
+_Level = LogLevel  # the annotation inside Logger, whose own ``LogLevel`` is an attribute
+
+
+def _message(message: Any) -> str:
+    """A log message as Triton's bindings take it (a C++ string: str or bytes, else
+    TypeError)."""
+    if isinstance(message, str):
+        return message
+    if isinstance(message, bytes):
+        return message.decode("utf-8", "replace")
+    raise TypeError(f"log message must be a str, not {type(message).__name__}")
+
+
+class Logger:
+    """``pb_utils.Logger``: static methods that write to Python logging. A level is a
+    ``Logger.LogLevel`` (a plain int or None is a TypeError, as in Triton)."""
+
+    LogLevel = LogLevel
+    INFO = LogLevel.INFO
+    WARNING = LogLevel.WARNING
+    ERROR = LogLevel.ERROR
+    VERBOSE = LogLevel.VERBOSE
+    _LEVELS = {LogLevel.INFO: logging.INFO, LogLevel.WARNING: logging.WARNING,
+               LogLevel.ERROR: logging.ERROR, LogLevel.VERBOSE: logging.DEBUG}
 
     @staticmethod
-    def log(message: str, level: int = INFO) -> None:
-        _model_logger.log(Logger._LEVELS.get(int(level), logging.INFO), "%s", message)
+    def log(message: str, level: _Level = LogLevel.INFO) -> None:
+        if not isinstance(level, LogLevel):
+            raise TypeError(f"Logger.log(): level must be a pb_utils.Logger.LogLevel, not "
+                            f"{type(level).__name__}")
+        _model_logger.log(Logger._LEVELS[level], "%s", _message(message))
 
     @staticmethod
     def log_info(message: str) -> None:
-        _model_logger.info("%s", message)
+        _model_logger.info("%s", _message(message))
 
     @staticmethod
     def log_warn(message: str) -> None:
-        _model_logger.warning("%s", message)
+        _model_logger.warning("%s", _message(message))
 
     @staticmethod
     def log_error(message: str) -> None:
-        _model_logger.error("%s", message)
+        _model_logger.error("%s", _message(message))
 
     @staticmethod
     def log_verbose(message: str) -> None:
-        _model_logger.debug("%s", message)
+        _model_logger.debug("%s", _message(message))
