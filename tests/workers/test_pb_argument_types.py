@@ -22,6 +22,12 @@ ARRAY = np.asarray([1, 2], dtype=np.int32)
                                       requested_output_names=[]),
     lambda: pb_utils.InferenceRequest(inputs=[], model_name="m",
                                       requested_output_names=None),
+    lambda: pb_utils.InferenceRequest(inputs=[], model_name="m",
+                                      requested_output_names=[None]),
+    lambda: pb_utils.InferenceRequest(inputs=[], model_name=None, requested_output_names=[]),
+    *(lambda k=k: pb_utils.InferenceRequest(inputs=[], model_name="m",
+                                            requested_output_names=[], **{k: None})
+      for k in ("correlation_id", "request_id", "model_version", "flags", "timeout")),
     lambda: pb_utils.InferenceResponse(output_tensors=None),
     lambda: pb_utils.Logger.log("message", None),
     lambda: pb_utils.Logger.log("message", 1),

@@ -203,16 +203,27 @@ class InferenceRequest:
                  preferred_memory: PreferredMemory | None = None,
                  trace: InferenceTrace | None = None, parameters: Any = None) -> None:
         if not isinstance(correlation_id, int | str):
-            raise TritonModelException("Correlation ID must be integer or string")
+            raise TypeError("InferenceRequest(): correlation_id must be an int or a str, not "
+                            f"{type(correlation_id).__name__}")
+        for what, value, kinds in (("request_id", request_id, str),
+                                   ("model_version", model_version, int),
+                                   ("flags", flags, int), ("timeout", timeout, int)):
+            if not isinstance(value, kinds):
+                raise TypeError(f"InferenceRequest(): {what} must be a {kinds.__name__}, not "
+                                f"{type(value).__name__}")
         self._request_id = request_id
         self._correlation_id = correlation_id
         # None is a TypeError and a list holding anything but Tensors a TritonModelException,
         # as Triton's bindings (QA's argument_validation)
-        for what, value in (("inputs", inputs),
+        for what, given in (("inputs", inputs),
                             ("requested_output_names", requested_output_names)):
-            if not isinstance(value, list | tuple):
+            if not isinstance(given, list | tuple):
                 raise TypeError(f"InferenceRequest(): {what} must be a list, not "
-                                f"{type(value).__name__}")
+                                f"{type(given).__name__}")
+        for name in requested_output_names:
+            if not isinstance(name, str):
+                raise TypeError("InferenceRequest(): requested_output_names must hold str, "
+                                f"found {type(name).__name__}")
         for tensor in inputs:
             if not isinstance(tensor, Tensor):
                 raise TritonModelException(
