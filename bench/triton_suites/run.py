@@ -79,8 +79,12 @@ class Ctx:
 class Server:
     """shoal serve or tritonserver on 8000/8001/8002, its log in ``log``."""
 
-    def __init__(self, ctx: Ctx, repo: Path, log: Path, flags: list[str]) -> None:
+    def __init__(self, ctx: Ctx, repo: Path, log: Path, flags: list[str],
+                 env: dict[str, str] | None = None) -> None:
+        """``env``: variables the server (and so its models) gets on top of this one's, as a
+        test.sh exports them before run_server."""
         self.ctx, self.repo, self.log, self.flags = ctx, repo, log, flags
+        self.extra_env = env or {}
         self.proc: subprocess.Popen[bytes] | None = None
         self._segments_before = tritonserver.backend_segments()
 
@@ -99,6 +103,8 @@ class Server:
                    *self.flags]
         self.log.parent.mkdir(parents=True, exist_ok=True)
         out = self.log.open("wb")
+        if self.extra_env:
+            env = {**(env if env is not None else os.environ), **self.extra_env}
         self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
                                      start_new_session=True, env=env)
         deadline = time.monotonic() + 90
@@ -622,10 +628,10 @@ def suite_qa_pb_bls(ctx: Ctx) -> None:
     _copy_model(ex / "square_model.py", ex / "square_config.pbtxt", models, "square_int32")
     for trial in ("non_decoupled", "decoupled"):
         log = d / f"bls_{trial}.inference_server.log"
-        with Server(ctx, models, log, ["--log-verbose=1"]):
+        with Server(ctx, models, log, ["--log-verbose=1"], env={"BLS_KIND": trial}):
             for m in ("bls", "bls_memory", "bls_memory_async", "bls_async"):
                 run_pytest(ctx, f"{suite}/{trial}/{m}", SHM_LEAK_TEST, d,
-                           timeout_each=300, env={"BLS_KIND": trial, "MODEL_NAME": m})
+                           timeout_each=150, env={"BLS_KIND": trial, "MODEL_NAME": m})
         text = log.read_text(errors="replace")
         _check(ctx, suite, f"{trial}: log 'Request timeout: 11000000000'",
                "Request timeout: 11000000000" in text, "not in the server log")
