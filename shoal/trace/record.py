@@ -16,13 +16,26 @@ import asyncio
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import Final, Protocol
 
 from shoal.errors import ShoalError
 from shoal.messages import InferResponse, TensorRef
 
-if TYPE_CHECKING:
-    from shoal.frontend.http.codec import DecodedInput
+
+class TracedInput(Protocol):
+    """What a trace copies of a decoded input (the frontend's ``DecodedInput``); ``shm`` is
+    set (not None) for an input in client shared memory, whose bytes are not copied."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def datatype(self) -> str: ...
+    @property
+    def shape(self) -> list[int]: ...
+    @property
+    def data(self) -> memoryview: ...
+    @property
+    def shm(self) -> object | None: ...
 
 HTTP_RECV_START: Final = "HTTP_RECV_START"
 HTTP_RECV_END: Final = "HTTP_RECV_END"
@@ -81,7 +94,7 @@ class RequestTrace:
         self.stamps.append((name, time.monotonic_ns()))
 
     def request_started(self, model_version: int, request_id: str,
-                        inputs: Sequence[DecodedInput]) -> None:
+                        inputs: Sequence[TracedInput]) -> None:
         """REQUEST_START: the request leaves for the broker. With ``tensors``, the inputs
         that travel as bytes are copied (those in client shared memory are not)."""
         self.model_version, self.request_id = model_version, request_id
