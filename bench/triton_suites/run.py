@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -579,12 +580,26 @@ def _shm_pages() -> set[str]:
     return set(os.listdir("/dev/shm"))
 
 
-def _shm_left(before: set[str], wait: float = 5) -> set[str]:
-    """/dev/shm entries that appeared since ``before`` and are still there after ``wait`` s
-    (test.sh counts right after the server process ended; a little grace for the children)."""
+def _shm_left(ctx: Ctx, before: set[str], log: Path, wait: float = 5) -> set[str]:
+    """/dev/shm entries of this server that appeared since ``before`` and are still there
+    after ``wait`` s (test.sh counts right after the server process ended; a little grace
+    for the children). Other servers on the machine make entries too, so only the server's
+    own count: the python backend's regions for tritonserver, for shoal the entries of the
+    server whose frontend pid its log names (``shoal-<id>-fe<pid>-<n>`` and the rest of
+    that ``<id>``)."""
+    text = log.read_text(errors="replace")
+
+    def own(names: set[str]) -> set[str]:
+        if ctx.args.against == "triton":
+            return {n for n in names if n.startswith(tritonserver.SHM_PREFIX)}
+        pids = set(re.findall(r"\[frontend pid (\d+)\]", text))
+        ids = {m.group(1) for n in names
+               if (m := re.match(r"(shoal-[0-9a-f]+)-fe(\d+)-", n)) and m.group(2) in pids}
+        return {n for n in names if any(n.startswith(i) for i in ids)}
+
     deadline = time.monotonic() + wait
     while True:
-        left = _shm_pages() - before
+        left = own(_shm_pages() - before)
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.2)
@@ -691,7 +706,7 @@ def suite_qa_pb_lifecycle(ctx: Ctx) -> None:
     pages = _shm_pages()
     with Server(ctx, models, d / "lifecycle_server.log", ["--log-verbose=1"]):
         run_pytest(ctx, suite, "lifecycle_test.py", d, timeout_each=120)
-    left = _shm_left(pages)
+    left = _shm_left(ctx, pages, d / "lifecycle_server.log")
     _check(ctx, suite, "shm pages cleaned", not left, f"left: {sorted(left)[:5]}")
     for model, needle, flags, want_ready in (
             ("init_error", "name 'lorem_ipsum' is not defined", [], False),
@@ -711,7 +726,7 @@ def suite_qa_pb_lifecycle(ctx: Ctx) -> None:
         _check(ctx, suite, f"{model}: ready={want_ready}, message logged",
                ready == want_ready and needle in text,
                f"ready={ready}, message {'found' if needle in text else 'missing'}")
-        left = _shm_left(pages)
+        left = _shm_left(ctx, pages, log)
         _check(ctx, suite, f"{model}: shm pages cleaned", not left, f"left: {sorted(left)[:5]}")
 
 
@@ -748,7 +763,7 @@ def suite_qa_pb_ensemble(ctx: Ctx) -> None:
     pages = _shm_pages()
     with Server(ctx, models, d / "ensemble_server.log", ["--log-verbose=1"]):
         run_pytest(ctx, "qa_pb_ensemble", "ensemble_test.py::EnsembleTest::test_ensemble", d)
-    left = _shm_left(pages)
+    left = _shm_left(ctx, pages, d / "ensemble_server.log")
     _check(ctx, "qa_pb_ensemble", "shm pages cleaned", not left, f"left: {sorted(left)[:5]}")
 
 
