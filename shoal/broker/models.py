@@ -51,29 +51,19 @@ from shoal.messages import (
 )
 from shoal.model_config import backend_name, config_from_json
 from shoal.settings import Settings
-from shoal.workers.backends.fil.autocomplete import fil_auto_complete
-from shoal.workers.backends.onnxruntime.autocomplete import onnx_auto_complete
-from shoal.workers.backends.openvino.autocomplete import openvino_auto_complete
-from shoal.workers.backends.tensorflow.autocomplete import tensorflow_auto_complete
+from shoal.workers.backends.catalog import builtin_backend
 from shoal.workers.devices import visible_gpu_count
 
 logger = logging.getLogger(__name__)
 
 _AUTOCOMPLETE_TIMEOUT_S = 60.0
-# Backends that apply the thread policy's count (WorkerSpec.intra_op_threads); the python backend
-# only when the model file imports torch. Others get the field too but keep their own defaults.
-_THREAD_POLICY_BACKENDS = frozenset({"pytorch", "onnxruntime", "python", "llm", "openvino",
-                                     "tensorflow"})
 
 
-# Backends whose auto-complete reads their model file: onnxruntime and tensorflow parse its
-# protobuf in the broker, openvino and fil read it in a throw-away interpreter.
-_FILE_AUTO_COMPLETE: dict[str, Callable[[str, ModelConfig, int], ModelConfig]] = {
-    "onnxruntime": onnx_auto_complete,
-    "openvino": openvino_auto_complete,
-    "tensorflow": tensorflow_auto_complete,
-    "fil": fil_auto_complete,
-}
+def _applies_thread_policy(backend: str) -> bool:
+    """The backend applies the thread policy's count (WorkerSpec.intra_op_threads; its catalog
+    entry says). Others get the field too but keep their own defaults."""
+    entry = builtin_backend(backend)
+    return entry is not None and entry.thread_policy
 
 
 def python_auto_complete(model_dir: str, config: object) -> object:
@@ -132,11 +122,13 @@ class ModelManager:
         self.cpu_budget = read_cpu_budget()  # the cores the server may use (thread_policy.py)
 
     def auto_complete(self, model_dir: str, config: ModelConfig) -> ModelConfig:
-        """The backend's auto-complete: from the model file for the backends in
-        ``_FILE_AUTO_COMPLETE``, else the python backend's ``auto_complete_config`` (a no-op for a
-        model without one)."""
+        """The backend's auto-complete: from the model file for a built-in whose catalog entry
+        has one (onnxruntime and tensorflow parse the file in the broker, openvino and fil read
+        it in a throw-away interpreter), else the python backend's ``auto_complete_config`` (a
+        no-op for a model without one)."""
         backend = backend_name(config)
-        from_model_file = _FILE_AUTO_COMPLETE.get(backend)
+        entry = builtin_backend(backend)
+        from_model_file = entry.file_auto_complete if entry is not None else None
         if from_model_file is not None:
             default_max_batch = int(self.settings.backend_setting(
                 backend, "default-max-batch-size", "4"))
@@ -262,7 +254,7 @@ class ModelManager:
         share = intra_op_share(self.cpu_budget, self.settings.http_workers,
                                self.cpu_instance_count())
         if (slot is runtime.instances[0] and slot.restarts == 0
-                and runtime.backend in _THREAD_POLICY_BACKENDS):
+                and _applies_thread_policy(runtime.backend)):
             logger.info("model '%s' version %d: default %d intra-op thread(s) per CPU instance "
                         "unless its config names a count (%s)", runtime.name, runtime.version,
                         share.threads, share.reason)

@@ -12,7 +12,7 @@ import torch
 
 from shoal.errors import ShoalError
 from shoal.workers.backends.base import BackendResponse
-from shoal.workers.backends.pytorch import PytorchBackend
+from shoal.workers.backends.pytorch.backend import PytorchBackend
 from shoal.workers.backends.pytorch.program import ProgramFormat, file_format
 from shoal.workers.backends.pytorch.sequence_io import sequence_tensors
 from tests.workers.helpers import make_context, make_request

@@ -12,7 +12,7 @@ import torch
 from shoal.errors import ErrorCode, ShoalError
 from shoal.messages import Error
 from shoal.workers.backends.base import BackendResponse
-from shoal.workers.backends.pytorch import PytorchBackend
+from shoal.workers.backends.pytorch.backend import PytorchBackend
 from shoal.workers.backends.torchscript_io import input_positions, output_positions
 from tests.workers.helpers import bytes_array, make_context, make_request
 

@@ -12,7 +12,7 @@ import torch
 
 from shoal.errors import ShoalError
 from shoal.workers.backends.base import BackendRequest, takes_device_input
-from shoal.workers.backends.pytorch import PytorchBackend
+from shoal.workers.backends.pytorch.backend import PytorchBackend
 from shoal.workers.backends.torch_device import device_input_names, device_output_names
 from shoal.workers.backends.torchscript_io import IoSpec
 from tests.workers.helpers import make_request

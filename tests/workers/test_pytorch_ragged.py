@@ -12,7 +12,7 @@ import torch
 from shoal.errors import ShoalError
 from shoal.messages import Error
 from shoal.workers.backends.base import BackendResponse
-from shoal.workers.backends.pytorch import PytorchBackend
+from shoal.workers.backends.pytorch.backend import PytorchBackend
 from tests.workers.helpers import make_context, make_request
 
 

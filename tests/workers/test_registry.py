@@ -11,7 +11,7 @@ import pytest
 from shoal.errors import ErrorCode, ShoalError
 from shoal.workers.backends import registry
 from shoal.workers.backends.python.backend import PythonBackend
-from shoal.workers.backends.pytorch import PytorchBackend
+from shoal.workers.backends.pytorch.backend import PytorchBackend
 from shoal.workers.backends.registry import create_backend
 from tests.workers.helpers import write
 
@@ -119,7 +119,9 @@ def test_names_that_could_escape_a_directory_are_rejected(dirs: Any) -> None:
 @pytest.mark.parametrize("name", ["tensorflow", "tensorrt", "dali"])
 def test_tritons_other_backends_are_not_installed_with_a_way_out(
         dirs: Any, name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(registry, "tensorflow_installed", lambda: False)  # as without the extra
+    from shoal.workers.backends.tensorflow import runtime
+
+    monkeypatch.setattr(runtime, "tensorflow_installed", lambda: False)  # as without the extra
     with pytest.raises(ShoalError) as info:
         create(name, dirs)
     assert info.value.code == ErrorCode.UNSUPPORTED

@@ -10,7 +10,7 @@ limited. The need of one instance is an estimate, not a measurement of the runni
 
     weights   the model config parameter ``shoal_device_memory_bytes`` ("2GiB", "512MiB",
               "1073741824") when given, else the size of the files in the version directory
-              (an ``llm``-backend model: its checkpoint's weights, ``llm_need.py``)
+              (an ``llm``-backend model: its checkpoint's weights, ``backends/llm/device_need.py``)
     + kv_pool  an ``llm``-backend model's KV cache pool, as its executor sizes it
     + the device workspace pool the worker reserves (``shoal.workers.workspace``)
     + ``--model-load-device-margin-bytes`` (CUDA context, allocator slack, activations)

@@ -24,7 +24,6 @@ from shoal.broker.lifecycle.device_ledger import (
     device_need_parts,
     ledger_from_settings,
 )
-from shoal.broker.lifecycle.llm_need import llm_instance_bytes
 from shoal.broker.lifecycle.materialize import remove_materialized
 from shoal.broker.lifecycle.polling import PollTracker, fingerprint_models
 from shoal.broker.lifecycle.records import (
@@ -44,6 +43,7 @@ from shoal.errors import ErrorCode, ShoalError
 from shoal.load_overrides import check_model_name
 from shoal.messages import Error, LoadModel, UnloadModel
 from shoal.settings import ModelControlMode, Settings
+from shoal.workers.backends.catalog import builtin_backend
 from shoal.workers.workspace import device_workspace_bytes
 
 logger = logging.getLogger(__name__)
@@ -221,17 +221,19 @@ class LifecycleDriver:
         generation.ledger_owner = owner
 
     def _llm_parts(self, generation: Generation) -> dict[str, int] | None:
-        """An llm-backend model's checkpoint weights and KV pool per instance (``llm_need``);
-        None for other backends. A pool sized by free memory takes its share of the least free
-        device its instances use."""
+        """What one instance holds per part, for a backend whose catalog entry knows it (the
+        llm backend: checkpoint weights and KV pool, ``backends/llm/device_need.py``); None for
+        the others. A pool sized by free memory takes its share of the least free device its
+        instances use."""
         config = generation.source.config
-        if config.backend != "llm":
+        entry = builtin_backend(config.backend)
+        if entry is None or entry.device_parts is None:
             return None
         devices = device_instances(config, gpu_count=self.models.gpu_count)
         free = [limit - self.ledger.reserved_bytes(device) for device in devices
                 if (limit := self.ledger.limit_bytes(device)) is not None]
         parameters = {key: value.string_value for key, value in config.parameters.items()}
-        return llm_instance_bytes(parameters, generation.source.model_dir,
+        return entry.device_parts(parameters, generation.source.model_dir,
                                   min(free) if free else None)
 
     def _load_composing(self, record: ModelRecord, generation: Generation, now: float) -> None:

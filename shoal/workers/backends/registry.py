@@ -7,9 +7,10 @@
 3. the same in ``<backend_directory>/<name>/``; failing that, a Triton-style python-based backend
    ``<backend_directory>/<name>/model.py`` (a ``TritonPythonModel`` run by the python backend)
 4. an installed entry point in group ``shoal.backends`` whose name is the backend name
-5. the built-ins: ``python``, ``pytorch`` (alias ``pytorch_libtorch``), ``onnxruntime`` (alias
-   ``onnxruntime_onnx``; needs the ``onnx`` extra), ``fil`` (tree models; needs the ``trees``
-   extra), ``openvino`` (when the ``openvino`` package is installed: the ``openvino`` extra),
+5. the built-ins, each with its entry in its own folder (``catalog.py``): ``python``,
+   ``pytorch`` (alias ``pytorch_libtorch``), ``onnxruntime`` (alias ``onnxruntime_onnx``; needs
+   the ``onnx`` extra), ``fil`` (tree models; needs the ``trees`` extra), ``openvino`` (when
+   the ``openvino`` package is installed: the ``openvino`` extra),
    ``tensorflow`` (SavedModels, when TensorFlow is installed: the ``tensorflow`` extra),
    ``llm`` and ``identity`` (Triton's test backend: ``INPUT<n>`` answered as ``OUTPUT<n>``);
    Triton's ``tensorrt``, ``dali`` (and ``openvino`` or ``tensorflow`` without its
@@ -36,17 +37,14 @@ from typing import Any
 
 from shoal.errors import ErrorCode, ShoalError, invalid_arg
 from shoal.workers.backends.base import Backend
+from shoal.workers.backends.catalog import builtin_backend, builtin_backends
 from shoal.workers.backends.not_built_in import not_built_in
-from shoal.workers.backends.openvino.runtime import openvino_installed
-from shoal.workers.backends.tensorflow.runtime import tensorflow_installed
 
 logger = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "shoal.backends"
 MODULE_PREFIX = "shoal_backend_"
 BACKEND_CLASS = "ShoalBackend"
-BUILTIN_BACKENDS = ("python", "pytorch", "onnxruntime", "fil", "llm", "identity")
-_ALIASES = {"pytorch_libtorch": "pytorch", "onnxruntime_onnx": "onnxruntime"}
 _NAME = re.compile(r"[A-Za-z0-9_.\-]+")
 _import_counter = itertools.count()
 
@@ -67,7 +65,7 @@ def create_backend(name: str, model_dir: str, version_dir: str,
     backend = _from_entry_point(name)
     if backend is not None:
         return backend
-    factory = _builtin(_ALIASES.get(name, name))
+    factory = _builtin(name)
     if factory is not None:
         return factory()
     known_elsewhere = not_built_in(name)
@@ -77,7 +75,12 @@ def create_backend(name: str, model_dir: str, version_dir: str,
         ErrorCode.INVALID_ARG,
         f"unknown backend '{name}': no {MODULE_PREFIX}{name}.py in the model's version or model "
         f"directory, no '{name}' in the backend directory, no '{ENTRY_POINT_GROUP}' entry point "
-        f"named '{name}', and not a built-in backend ({', '.join(BUILTIN_BACKENDS)})")
+        f"named '{name}', and not a built-in backend ({', '.join(builtin_names())})")
+
+
+def builtin_names() -> list[str]:
+    """The installed built-ins' names (not aliases), sorted."""
+    return sorted({e.name for e in builtin_backends().values() if e.installed()})
 
 
 def _from_directory(name: str, directory: str) -> Backend | None:
@@ -113,39 +116,11 @@ def _from_entry_point(name: str) -> Backend | None:
 
 
 def _builtin(name: str) -> Callable[[], Backend] | None:
-    if name == "python":
-        from shoal.workers.backends.python.backend import PythonBackend
-
-        return PythonBackend
-    if name == "pytorch":
-        from shoal.workers.backends.pytorch import PytorchBackend
-
-        return PytorchBackend
-    if name == "onnxruntime":  # imports onnxruntime only at load (clear error when missing)
-        from shoal.workers.backends.onnxruntime.backend import OnnxruntimeBackend
-
-        return OnnxruntimeBackend
-    if name == "openvino" and openvino_installed():  # else not_built_in's error, with the extra
-        from shoal.workers.backends.openvino.backend import OpenvinoBackend
-
-        return OpenvinoBackend
-    if name == "tensorflow" and tensorflow_installed():  # else not_built_in's error, the extra
-        from shoal.workers.backends.tensorflow.backend import TensorflowBackend
-
-        return TensorflowBackend
-    if name == "fil":  # imports xgboost / lightgbm / treelite only at load
-        from shoal.workers.backends.fil.backend import FilBackend
-
-        return FilBackend
-    if name == "llm":
-        from shoal.workers.backends.llm.backend import LlmBackend
-
-        return LlmBackend
-    if name == "identity":
-        from shoal.workers.backends.identity.backend import IdentityBackend
-
-        return IdentityBackend
-    return None
+    """The built-in's factory (``catalog.py``), or None: unknown, or its package missing."""
+    entry = builtin_backend(name)
+    if entry is None or not entry.installed():
+        return None
+    return entry.make
 
 
 def _import_file(name: str, path: str, is_package: bool) -> ModuleType:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from shoal.broker.lifecycle.llm_need import llm_instance_bytes
+from shoal.workers.backends.llm.device_need import llm_instance_bytes
 from shoal.workers.backends.llm.settings import read_settings
 from shoal.workers.llm import Executor
 

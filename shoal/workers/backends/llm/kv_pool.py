@@ -1,5 +1,5 @@
 """The KV pool's size rules from the llm backend's parameters, shared by the backend
-(``settings``) and the broker's device-memory ledger (``broker/lifecycle/llm_need``). Torch-free:
+(``settings``) and the broker's device-memory ledger (``device_need.py``). Torch-free:
 the broker imports it.
 
 ``kv_cache_free_gpu_mem_fraction`` sizes the pool at ``fraction`` of the device memory left free

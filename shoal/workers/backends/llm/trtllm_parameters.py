@@ -23,7 +23,7 @@ then fails to parse the value and uses its default, so a value that is exactly o
 placeholder is treated as not set (whatever the parameter), and the warning does not name it.
 Other parameter names, neither TensorRT-LLM's nor shoal's, are still refused by ``settings.py``.
 
-Pure (no torch): the broker's device-memory estimate (``broker/lifecycle/llm_need.py``) reads
+Pure (no torch): the broker's device-memory estimate (``backends/llm/device_need.py``) reads
 the parameters through ``normalize_parameters`` too.
 """
 
