@@ -28,17 +28,17 @@ from pathlib import Path
 
 import torch
 
-from shoal.workers.llm import Executor, ExecutorConfig, Request
-from shoal.workers.llm.checkpoint import load_tokenizer
-from shoal.workers.llm.guided import (
+from shoal.llm import Executor, ExecutorConfig, Request
+from shoal.llm.checkpoint import load_tokenizer
+from shoal.llm.guided import (
     GuidedDecodingBackend,
     GuidedDecodingConfig,
     GuidedDecodingParams,
     GuideType,
 )
-from shoal.workers.llm.guided.decoder import GuidedDecoder
-from shoal.workers.llm.sequence import RequestState
-from shoal.workers.llm.tiny_checkpoint import EOS_ID, TinyLlamaSpec, build_tiny_llama
+from shoal.llm.guided.decoder import GuidedDecoder
+from shoal.llm.sequence import RequestState
+from shoal.llm.tiny_checkpoint import EOS_ID, TinyLlamaSpec, build_tiny_llama
 
 SCHEMA = json.dumps({"type": "object", "properties": {
     "id": {"type": "integer"}, "name": {"type": "string"},

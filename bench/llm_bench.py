@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from shoal.workers.llm import BatchingType, Executor, ExecutorConfig, KvCacheConfig, Request
+from shoal.llm import BatchingType, Executor, ExecutorConfig, KvCacheConfig, Request
 
 MODES = ("in-flight", "static", "one-at-a-time")
 

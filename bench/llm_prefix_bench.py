@@ -49,7 +49,7 @@ VOCAB = 2048
 
 
 def build_checkpoint(path: pathlib.Path) -> None:
-    from shoal.workers.llm.tiny_checkpoint import TinyLlamaSpec, build_tiny_llama
+    from shoal.llm.tiny_checkpoint import TinyLlamaSpec, build_tiny_llama
 
     build_tiny_llama(path, TinyLlamaSpec(
         vocab_size=VOCAB, hidden_size=256, intermediate_size=688, num_layers=4, num_heads=8,
@@ -136,7 +136,7 @@ def measure_ttft(checkpoint: pathlib.Path, tmp: pathlib.Path, reuse: bool,
 def measure_in_process(checkpoint: pathlib.Path, reuse: bool,
                        args: argparse.Namespace) -> list[float]:
     """TTFT of the same kind of requests submitted as token ids to an in-process Executor."""
-    from shoal.workers.llm import Executor, ExecutorConfig, KvCacheConfig, Request
+    from shoal.llm import Executor, ExecutorConfig, KvCacheConfig, Request
 
     rng = random.Random(7)
     system = [rng.randrange(3, VOCAB) for _ in range(args.system_words)]

@@ -63,7 +63,7 @@ def build_checkpoint(path: pathlib.Path) -> None:
     import torch
     from safetensors.torch import load_file, save_file
 
-    from shoal.workers.llm.tiny_checkpoint import EOS_ID, TinyLlamaSpec, build_tiny_llama
+    from shoal.llm.tiny_checkpoint import EOS_ID, TinyLlamaSpec, build_tiny_llama
 
     build_tiny_llama(path, TinyLlamaSpec(
         vocab_size=2048, hidden_size=256, intermediate_size=688, num_layers=4, num_heads=8,
@@ -121,9 +121,9 @@ def measure_in_process(checkpoint: pathlib.Path, clients: list[int], per_client:
                        max_tokens: int, seed: int) -> list[Row]:
     """The same prompts, rendered and tokenized as the llm backend does, into an Executor
     configured as the example's config.pbtxt (max batch = the largest client count)."""
+    from shoal.llm import Executor, ExecutorConfig, KvCacheConfig
+    from shoal.llm.checkpoint import load_tokenizer
     from shoal.workers.backends.llm.chat_template import load_chat_template
-    from shoal.workers.llm import Executor, ExecutorConfig, KvCacheConfig
-    from shoal.workers.llm.checkpoint import load_tokenizer
 
     template = load_chat_template(checkpoint)
     tokenizer = load_tokenizer(checkpoint)

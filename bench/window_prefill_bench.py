@@ -17,7 +17,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from shoal.workers.llm.window import tile_mask, windowed_prefill_attention
+from shoal.llm.window import tile_mask, windowed_prefill_attention
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 

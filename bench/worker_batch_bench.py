@@ -48,8 +48,8 @@ def run(args: argparse.Namespace) -> None:
     import torch
 
     from bench import realistic
+    from shoal.config.model_config import config_to_json, parse_config_text
     from shoal.messages import Batch, RequestedOutput, TensorRef, WorkerRequest, WorkerSpec, encode
-    from shoal.model_config import config_to_json, parse_config_text
     from shoal.settings import Settings
     from shoal.shm.arena import Arena
     from shoal.workers.proc import WorkerProc

@@ -1,5 +1,5 @@
 import sys
 
-from shoal.frontend.cli import main
+from shoal.server.cli import main
 
 sys.exit(main())

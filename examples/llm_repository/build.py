@@ -17,7 +17,7 @@ import sys
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent.parent))  # run from a checkout without installing
 
-from shoal.workers.llm.tiny_checkpoint import TinyLlamaSpec, build_tiny_llama  # noqa: E402
+from shoal.llm.tiny_checkpoint import TinyLlamaSpec, build_tiny_llama  # noqa: E402
 
 
 def main() -> int:

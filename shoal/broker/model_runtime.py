@@ -27,6 +27,14 @@ from shoal.broker.schedulers.sequence.scheduling import SequenceScheduling
 from shoal.broker.state_store import store_factory
 from shoal.broker.stats import ModelVersionStats
 from shoal.broker.trace_stamps import COMPUTE_START, queued_stamps
+from shoal.config.model_config import (
+    backend_name,
+    config_to_json,
+    instance_names,
+    is_decoupled,
+    platform_name,
+    tensor_specs,
+)
 from shoal.errors import ShoalError, invalid_arg, unsupported
 from shoal.messages import (
     BatchTimings,
@@ -36,14 +44,6 @@ from shoal.messages import (
     ModelVersionState,
     StateBinding,
     WorkerRequest,
-)
-from shoal.model_config import (
-    backend_name,
-    config_to_json,
-    instance_names,
-    is_decoupled,
-    platform_name,
-    tensor_specs,
 )
 from shoal.settings import Settings
 

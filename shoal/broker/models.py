@@ -34,12 +34,13 @@ from shoal.broker.repository import (
     load_model_source,
 )
 from shoal.broker.thread_policy import intra_op_share, read_cpu_budget
-from shoal.errors import ShoalError, invalid_arg
-from shoal.load_overrides import (
+from shoal.config.load_overrides import (
     check_load_parameters,
     check_model_directory,
     parse_config_override,
 )
+from shoal.config.model_config import backend_name, config_from_json
+from shoal.errors import ShoalError, invalid_arg
 from shoal.messages import (
     LlmStats,
     ModelLoadStats,
@@ -49,10 +50,9 @@ from shoal.messages import (
     RepositorySnapshot,
     WorkerSpec,
 )
-from shoal.model_config import backend_name, config_from_json
+from shoal.process.devices import visible_gpu_count
 from shoal.settings import Settings
 from shoal.workers.backends.catalog import builtin_backend
-from shoal.workers.devices import visible_gpu_count
 
 logger = logging.getLogger(__name__)
 

@@ -18,15 +18,15 @@ from types import FrameType
 
 from shoal.broker.loop import BrokerLoop
 from shoal.broker.models import ModelManager
-from shoal.settings import Settings
-from shoal.supervision import StatusWriter
-from shoal.workers.lifecycle import (
+from shoal.process.lifecycle import (
     STOP_SIGNAL,
     die_with_parent,
     hold_instance_lock,
     ignore_group_signals,
     setup_logging,
 )
+from shoal.process.supervision import StatusWriter
+from shoal.settings import Settings
 
 logger = logging.getLogger(__name__)
 

@@ -17,8 +17,8 @@ from typing import Final
 
 from tritonclient.grpc.model_config_pb2 import ModelConfig, ModelVersionPolicy
 
+from shoal.config.model_config import load_config_file, normalize_config
 from shoal.errors import ErrorCode, ShoalError, invalid_arg
-from shoal.model_config import load_config_file, normalize_config
 
 logger = logging.getLogger(__name__)
 

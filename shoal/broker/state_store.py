@@ -23,8 +23,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from shoal.broker.schedulers.sequence.config import SequenceBatcherConfig, StateSpec
 from shoal.broker.schedulers.sequence.state import StateAssignment
+from shoal.config.sequence_batching import SequenceBatcherConfig, StateSpec
 from shoal.dtypes import element_count, element_size
 from shoal.errors import invalid_arg
 from shoal.messages import StateBinding, WrittenState

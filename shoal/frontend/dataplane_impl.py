@@ -20,13 +20,13 @@ import os
 from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Final
 
+from shoal.config.load_overrides import check_load_parameters, check_model_name
 from shoal.errors import ErrorCode, ShoalError, unavailable
 from shoal.frontend import model_lookup
 from shoal.frontend.broker_client import BrokerClient
 from shoal.frontend.dataplane import InferOutcome
 from shoal.frontend.response_cache import CacheProbe, ResponseCache
 from shoal.frontend.response_cache.entries import CACHE_LEASE
-from shoal.load_overrides import check_load_parameters, check_model_name
 from shoal.messages import (
     ClientRegion,
     InferRequest,

@@ -32,20 +32,20 @@ from shoal.frontend.limits import (
     raise_descriptor_limit,
 )
 from shoal.frontend.metrics import create_metrics_app
-from shoal.frontend.ports import port_free, port_in_use_message
 from shoal.frontend.restricted import RestrictedApis
 from shoal.ops.dashboard import dashboard_routes
 from shoal.ops.sampler import Sampler
-from shoal.settings import Settings
-from shoal.trace.config import TraceConfig
-from shoal.trace.sampling import Tracer
-from shoal.workers.lifecycle import (
+from shoal.process.lifecycle import (
     STOP_SIGNAL,
     die_with_parent,
     hold_instance_lock,
     ignore_group_signals,
     setup_logging,
 )
+from shoal.process.ports import port_free, port_in_use_message
+from shoal.settings import Settings
+from shoal.trace.config import TraceConfig
+from shoal.trace.sampling import Tracer
 
 logger = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ import sys
 
 from tritonclient.grpc.model_config_pb2 import ModelConfig
 
+from shoal.config.model_config import config_from_json, config_to_json
 from shoal.errors import ShoalError, invalid_arg
-from shoal.model_config import config_from_json, config_to_json
 from shoal.workers.backends.python import pb_utils
 from shoal.workers.backends.python.loader import import_model_file
 

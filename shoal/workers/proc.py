@@ -34,6 +34,7 @@ from typing import Any
 import msgspec
 import zmq
 
+from shoal.config.model_config import config_from_json, is_decoupled
 from shoal.dtypes import numpy_to_wire
 from shoal.errors import ErrorCode, ShoalError
 from shoal.messages import (
@@ -60,7 +61,14 @@ from shoal.messages import (
     encode,
 )
 from shoal.messages.worker import HEARTBEAT_INTERVAL_S
-from shoal.model_config import config_from_json, is_decoupled
+from shoal.process.devices import resolve_device
+from shoal.process.lifecycle import (
+    STOP_SIGNAL,
+    die_with_parent,
+    hold_instance_lock,
+    ignore_group_signals,
+    setup_logging,
+)
 from shoal.settings import Settings
 from shoal.shm.arena import Arena
 from shoal.shm.client_regions import ClientRegions
@@ -77,14 +85,6 @@ from shoal.workers.backends.registry import create_backend
 from shoal.workers.bls.client import BlsClient
 from shoal.workers.custom_metrics import REGISTRY as CUSTOM_METRICS
 from shoal.workers.device_regions import DeviceRegions, LazyCudaIpc, zeros_like
-from shoal.workers.devices import resolve_device
-from shoal.workers.lifecycle import (
-    STOP_SIGNAL,
-    die_with_parent,
-    hold_instance_lock,
-    ignore_group_signals,
-    setup_logging,
-)
 from shoal.workers.output_lending import OutputLender
 from shoal.workers.outputs import OutputWriter, error_of
 from shoal.workers.sequence_state import (

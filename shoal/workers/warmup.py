@@ -33,11 +33,11 @@ import numpy as np
 import numpy.typing as npt
 from tritonclient.grpc import model_config_pb2 as pb
 
+from shoal.config.model_config_checks import WARMUP_FOLDER, warmup_file_problem
 from shoal.dtypes import bytes_to_object_array, config_to_wire, element_count, element_size
 from shoal.dtypes import numpy_dtype as dtype_of
 from shoal.errors import ErrorCode, ShoalError, invalid_arg
 from shoal.messages import Error
-from shoal.model_config_checks import WARMUP_FOLDER, warmup_file_problem
 from shoal.workers.backends.base import (
     Backend,
     BackendRequest,

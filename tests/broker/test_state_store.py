@@ -9,13 +9,13 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from shoal.broker.schedulers.sequence.config import InitialStateSpec, StateSpec
 from shoal.broker.schedulers.sequence.state import StateTracker
 from shoal.broker.state_store import (
     SequenceStateStore,
     parse_buffer_bytes,
     state_layouts,
 )
+from shoal.config.sequence_batching import InitialStateSpec, StateSpec
 from shoal.errors import ShoalError
 from shoal.messages import WrittenState
 from shoal.shm.arena import Arena

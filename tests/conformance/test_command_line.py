@@ -14,7 +14,7 @@ import subprocess
 import pytest
 
 from bench import tritonserver
-from shoal.frontend.cli import build_parser
+from shoal.server.cli import build_parser
 from tests.conformance.tritonserver import unavailable_reason
 
 

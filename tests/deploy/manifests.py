@@ -13,9 +13,9 @@ from typing import Any
 
 import yaml
 
-from shoal.frontend.cli import build_parser, settings_from_args
+from shoal.config.model_config import instance_names, load_config_file, normalize_config
 from shoal.frontend.http.guard import HEALTH_PATHS
-from shoal.model_config import instance_names, load_config_file, normalize_config
+from shoal.server.cli import build_parser, settings_from_args
 from shoal.settings import ModelControlMode, Settings
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

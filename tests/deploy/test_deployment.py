@@ -13,8 +13,8 @@ from starlette.routing import Route
 
 from shoal.frontend.dataplane import DataPlane
 from shoal.frontend.metrics import create_metrics_app, render_prometheus
-from shoal.frontend.supervisor import _LEAVE_WAIT_S
 from shoal.messages.frontend import Duration, ModelStats
+from shoal.server.supervisor import _LEAVE_WAIT_S
 from shoal.settings import Settings
 from tests.deploy.containerfile import image_model_repository
 from tests.deploy.manifests import (

@@ -2,7 +2,8 @@
 the test binds (what systemd does for Type=notify): READY=1 only once the models loaded,
 WATCHDOG=1 at WATCHDOG_USEC/2 while the broker's main loop answers and not while the broker is
 stopped (SIGSTOP), STOPPING=1 and a clean exit on SIGTERM; the children do not inherit
-NOTIFY_SOCKET. (Abstract sockets and the rules without WATCHDOG_USEC: tests/test_sd_notify.py.)
+NOTIFY_SOCKET. (Abstract sockets and the rules without WATCHDOG_USEC:
+tests/server/test_sd_notify.py.)
 Also: the unit passes
 ``systemd-analyze verify`` and its ``security`` exposure stays at or below 2.0; the install
 script's plan and its DESTDIR staging."""
@@ -36,7 +37,7 @@ UNIT = ROOT / "deploy" / "shoal.service"
 INSTALL = ROOT / "deploy" / "install.sh"
 MAX_EXPOSURE = 2.0
 WATCHDOG_USEC = 1_000_000  # pings every 0.5 s
-BROKER_FRESH_S = 3.0  # shoal.sd_notify.BROKER_FRESH_S
+BROKER_FRESH_S = 3.0  # shoal.server.sd_notify.BROKER_FRESH_S
 SETTLE_S = 2.5  # slack for a loaded 2-core machine on top of each bound
 
 SLOW_LOADING_MODEL = """

@@ -14,7 +14,7 @@ from shoal.frontend.metrics import render_prometheus
 from shoal.frontend.metrics.config import DEFAULT_QUANTILES, MetricsConfig, parse_metrics_config
 from shoal.frontend.metrics.gpu import GpuReading, NvmlReader
 from shoal.messages import CustomMetric, CustomMetricFamily, CustomMetricKind
-from shoal.workers.devices import visible_gpu_count
+from shoal.process.devices import visible_gpu_count
 
 READING = GpuReading(uuid="GPU-1234", utilization=0.25, memory_total_bytes=80 * 2**30,
                      memory_used_bytes=2**30, power_usage_w=71.5, power_limit_w=700.0,

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 
-from shoal.frontend.cli import build_parser, main, settings_from_args
 from shoal.frontend.restricted import (
     GRPC_CATEGORIES,
     GRPC_HEADER_PREFIX,
@@ -18,6 +17,7 @@ from shoal.frontend.restricted import (
     parse_restrictions,
     value_matches,
 )
+from shoal.server.cli import build_parser, main, settings_from_args
 
 
 def http(*texts: str) -> list[tuple[str, str, str]]:

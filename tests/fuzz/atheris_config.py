@@ -17,8 +17,8 @@ import atheris
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 with atheris.instrument_imports(include=["shoal"]):
+    from shoal.config.model_config import normalize_config, parse_config_text
     from shoal.errors import ErrorCode, invalid_arg
-    from shoal.model_config import normalize_config, parse_config_text
     from tests.fuzz.harness import client_outcome, fuzz
     from tests.fuzz.test_fuzz_model_config import read_normalized
 

@@ -27,8 +27,8 @@ FUZZ_DIR: Final = os.path.join(ROOT, ".fuzz")
 UNIT_TESTS: Final = (
     "tests/frontend/http/test_codec.py", "tests/frontend/http/test_infer_app.py",
     "tests/frontend/http/test_shared_memory_http.py", "tests/frontend/http/test_validation.py",
-    "tests/test_model_config.py", "tests/test_model_warmup_config.py",
-    "tests/test_load_overrides.py", "tests/frontend/grpc/test_convert.py",
+    "tests/config/test_model_config.py", "tests/config/test_model_warmup_config.py",
+    "tests/config/test_load_overrides.py", "tests/frontend/grpc/test_convert.py",
 )
 # header-length modes of the json format (low two bits of the first byte)
 ABSENT, RAW, GIVEN = 0, 1, 2
@@ -72,10 +72,10 @@ def _recording(record: Callable[..., None], function: Callable[..., Any]) -> Cal
 
 def pytest_configure(config: Any) -> None:
     """Wrap the entry points before any test module imports them."""
+    import shoal.config.load_overrides as overrides
+    import shoal.config.model_config as model_config
     import shoal.frontend.grpc.convert as convert
     import shoal.frontend.http.codec as codec
-    import shoal.load_overrides as overrides
-    import shoal.model_config as model_config
 
     def decode(body: Any, header_length: str | None, model: Any, *_: Any) -> None:
         write_seed("json", json_seed(bytes(body), header_length, len(model.name) % 5))

@@ -21,8 +21,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from shoal.config.load_overrides import check_model_name
 from shoal.frontend.http.app import create_asgi_app
-from shoal.load_overrides import check_model_name
 from shoal.settings import ModelControlMode, Settings
 from tests.fuzz.strategies import (
     any_text,

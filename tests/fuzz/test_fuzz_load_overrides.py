@@ -13,10 +13,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from tritonclient.grpc import model_config_pb2 as pb
 
+from shoal.config.load_overrides import check_load_parameters, parse_config_override
+from shoal.config.model_config import normalize_config, parse_config_text
 from shoal.errors import ErrorCode
-from shoal.load_overrides import check_load_parameters, parse_config_override
 from shoal.messages import LoadModel, encode
-from shoal.model_config import normalize_config, parse_config_text
 from tests.fuzz.strategies import any_text, json_values, messages, mutated_json, mutated_messages
 from tests.fuzz.support import check_client_outcome, examples
 from tests.fuzz.test_fuzz_model_config import OVERRIDES, SEEDS, read_normalized

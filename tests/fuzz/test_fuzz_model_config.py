@@ -15,9 +15,7 @@ from hypothesis import strategies as st
 from tritonclient.grpc import model_config_pb2 as pb
 
 from shoal.broker.schedulers.dynamic import DynamicBatcherConfig
-from shoal.broker.schedulers.sequence.config import SequenceBatcherConfig
-from shoal.errors import ErrorCode
-from shoal.model_config import (
+from shoal.config.model_config import (
     config_to_json,
     full_shape,
     instance_names,
@@ -27,11 +25,13 @@ from shoal.model_config import (
     parse_config_text,
     tensor_specs,
 )
+from shoal.config.sequence_batching import SequenceBatcherConfig
+from shoal.errors import ErrorCode
 from tests.fuzz.strategies import NAMES, messages, mutated_messages
 from tests.fuzz.support import check_client_outcome, examples
 
 SOURCE: Final = "m/config.pbtxt"
-# configs from tests/test_model_config.py and the example repository, the mutation seeds
+# configs from tests/config/test_model_config.py and the example repository, the mutation seeds
 SEEDS: Final = (
     'name: "m" backend: "python" max_batch_size: 8 input [{ name: "INPUT0" data_type: TYPE_FP32 '
     'dims: [ -1 ] }] output [{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] }] '

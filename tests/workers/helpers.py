@@ -12,8 +12,8 @@ import numpy.typing as npt
 from google.protobuf import text_format
 from tritonclient.grpc.model_config_pb2 import ModelConfig
 
+from shoal.config.model_config import config_to_json
 from shoal.dtypes import numpy_to_wire
-from shoal.model_config import config_to_json
 from shoal.workers.backends.base import BackendRequest, InstanceContext
 
 

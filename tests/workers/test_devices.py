@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from shoal.errors import ErrorCode, ShoalError
-from shoal.workers.devices import fake_gpus, parse_byte_size, resolve_device, visible_gpu_count
+from shoal.process.devices import fake_gpus, parse_byte_size, resolve_device, visible_gpu_count
 
 
 def test_cpu_kind_maps_to_cpu() -> None:

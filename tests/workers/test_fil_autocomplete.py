@@ -14,8 +14,8 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc.model_config_pb2 import ModelConfig
 
+from shoal.config.model_config import config_to_json
 from shoal.errors import ShoalError
-from shoal.model_config import config_to_json
 from shoal.workers.backends.base import InstanceContext
 from shoal.workers.backends.fil.autocomplete import (
     ForestShape,

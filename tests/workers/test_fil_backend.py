@@ -10,8 +10,8 @@ import textwrap
 import numpy as np
 import pytest
 
+from shoal.config.model_config import parse_config_text
 from shoal.errors import ShoalError
-from shoal.model_config import parse_config_text
 from shoal.workers.backends.base import BackendRequest, BackendResponse, InstanceContext
 from shoal.workers.backends.fil.backend import FilBackend
 

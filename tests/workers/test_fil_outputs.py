@@ -69,7 +69,7 @@ def test_output_width_must_fit_the_model() -> None:
 
 
 def test_thread_count_parameter_and_its_default() -> None:
-    from shoal.model_config import parse_config_text
+    from shoal.config.model_config import parse_config_text
     from shoal.workers.backends.fil.params import default_threads
 
     assert _params(thread_count="3").thread_count == 3

@@ -10,14 +10,14 @@ import sys
 
 import pytest
 
+from shoal.process.lifecycle import hold_instance_lock, leave_instance
 from shoal.settings import Settings
 from shoal.shm.sweep import InstanceLock, instance_alive, new_instance_id
-from shoal.workers.lifecycle import hold_instance_lock, leave_instance
 
 _MEMBER = """
 import os, sys
 from shoal.settings import Settings
-from shoal.workers.lifecycle import hold_instance_lock
+from shoal.process.lifecycle import hold_instance_lock
 settings = Settings.from_json(sys.argv[1])
 hold_instance_lock(settings)
 open("/dev/shm" + settings.segment_prefix + "member-0", "wb").close()  # a segment of its own

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from shoal.errors import ErrorCode, ShoalError
-from shoal.workers.devices import npu_count, resolve_device, visible_gpu_count
+from shoal.process.devices import npu_count, resolve_device, visible_gpu_count
 from tests.workers.fake_npu import write_fake_torch_npu
 
 # The count runs a child interpreter that imports torch: slow on a loaded machine.

@@ -11,8 +11,8 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc.model_config_pb2 import ModelConfig
 
+from shoal.config.model_config import config_to_json
 from shoal.errors import ShoalError
-from shoal.model_config import config_to_json
 
 ort = pytest.importorskip("onnxruntime")
 models = pytest.importorskip("tests.onnx_models")

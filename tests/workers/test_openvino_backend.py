@@ -281,7 +281,7 @@ def test_example_openvino_mlp_completes_and_equals_the_onnx_example() -> None:
     import json
 
     from shoal.broker.repository import load_model_source
-    from shoal.model_config import config_to_json
+    from shoal.config.model_config import config_to_json
     from shoal.workers.backends.base import InstanceContext
     from shoal.workers.backends.openvino.autocomplete import openvino_auto_complete
 

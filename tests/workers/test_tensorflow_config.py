@@ -14,8 +14,8 @@ from google.protobuf import text_format
 from tritonclient.grpc.model_config_pb2 import ModelConfig
 
 from shoal.broker.repository import load_model_source
+from shoal.config.model_config import config_to_json
 from shoal.errors import ErrorCode, ShoalError
-from shoal.model_config import config_to_json
 from shoal.workers.backends import registry
 from shoal.workers.backends.tensorflow.autocomplete import (
     complete_config,
@@ -147,10 +147,12 @@ def test_the_platform_is_inferred_as_triton_does(tmp_path: pathlib.Path, config:
 
 def test_the_registry_serves_tensorflow_when_installed_and_names_the_extra_when_not(
         tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(registry, "tensorflow_installed", lambda: True)
+    from shoal.workers.backends.tensorflow import runtime
+
+    monkeypatch.setattr(runtime, "tensorflow_installed", lambda: True)
     backend = registry.create_backend("tensorflow", str(tmp_path), str(tmp_path))
     assert type(backend).__name__ == "TensorflowBackend"
-    monkeypatch.setattr(registry, "tensorflow_installed", lambda: False)
+    monkeypatch.setattr(runtime, "tensorflow_installed", lambda: False)
     with pytest.raises(ShoalError) as info:
         registry.create_backend("tensorflow", str(tmp_path), str(tmp_path))
     assert info.value.code == ErrorCode.UNSUPPORTED

@@ -11,8 +11,8 @@ import orjson
 from tritonclient.grpc.model_config_pb2 import ModelConfig
 
 from shoal.broker.ensemble.plan import ENSEMBLE_PLATFORM, LATEST_VERSION, EnsemblePlan
+from shoal.config.model_config import config_to_json, tensor_specs
 from shoal.messages import ModelVersionInfo, ModelVersionState
-from shoal.model_config import config_to_json, tensor_specs
 
 
 def ensemble_readiness(plan: EnsemblePlan, ready_versions: Mapping[str, Collection[int]],

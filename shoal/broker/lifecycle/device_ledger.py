@@ -37,16 +37,16 @@ from typing import Final
 
 from tritonclient.grpc.model_config_pb2 import ModelConfig
 
+from shoal.config.model_config import instance_names
 from shoal.errors import invalid_arg
 from shoal.messages import DeviceMemory, DeviceMemoryHolder
-from shoal.model_config import instance_names
-from shoal.settings import Settings
-from shoal.workers.devices import (
+from shoal.process.devices import (
     cuda_visible_entries,
     fake_gpus,
     parse_byte_size,
     visible_gpu_count,
 )
+from shoal.settings import Settings
 
 logger = logging.getLogger(__name__)
 

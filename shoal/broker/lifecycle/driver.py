@@ -39,8 +39,8 @@ from shoal.broker.model_runtime import InstanceSlot, ModelVersionRuntime
 from shoal.broker.models import ModelManager, SourceRead, model_temp_root
 from shoal.broker.rate_limiter.placement import check_load
 from shoal.broker.repository import discover_models
+from shoal.config.load_overrides import check_model_name
 from shoal.errors import ErrorCode, ShoalError
-from shoal.load_overrides import check_model_name
 from shoal.messages import Error, LoadModel, UnloadModel
 from shoal.settings import ModelControlMode, Settings
 from shoal.workers.backends.catalog import builtin_backend

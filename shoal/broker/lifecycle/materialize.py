@@ -1,4 +1,5 @@
-"""Write checked load overrides (``shoal.load_overrides``) to a fresh private model directory.
+"""Write checked load overrides (``config/load_overrides.py``) to a fresh private model
+directory.
 
 Layout: ``<temp_root>/<fresh>/<name>/`` where ``<fresh>`` is a new ``tempfile.mkdtemp``
 directory per load; it holds ``config.pbtxt`` (the parsed override, as text) and every
@@ -33,8 +34,8 @@ from typing import Final
 from google.protobuf import text_format
 
 from shoal.broker.repository import CONFIG_FILENAME
+from shoal.config.load_overrides import LoadOverrides, check_overrides, shown
 from shoal.errors import internal, invalid_arg
-from shoal.load_overrides import LoadOverrides, check_overrides, shown
 
 logger = logging.getLogger(__name__)
 

@@ -40,7 +40,7 @@ class Waiter:
 @dataclass(frozen=True)
 class LoadCommand:
     """Load or reload. ``config_json`` / ``files``: Triton's load overrides (checked by
-    ``shoal.load_overrides`` before they get here). ``origin``: "start", "api", "poll" or
+    ``shoal.config.load_overrides`` before they get here). ``origin``: "start", "api", "poll" or
     "dependency" (an ensemble's composing model)."""
 
     waiter: Waiter | None

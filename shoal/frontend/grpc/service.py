@@ -21,6 +21,7 @@ import grpc
 from google.protobuf import json_format
 from tritonclient.grpc import service_pb2 as pb
 
+from shoal.config.model_config import config_from_json
 from shoal.errors import ShoalError, invalid_arg, unavailable
 from shoal.frontend import model_lookup
 from shoal.frontend.cuda_shm import CUDA_SHM_NO_DEVICE as CUDA_SHM_NO_DEVICE
@@ -32,7 +33,6 @@ from shoal.frontend.header_forward import compile_pattern
 from shoal.frontend.http import documents
 from shoal.frontend.http.app import ModelControl, require_model_control
 from shoal.frontend.http.trace_api import check_trace_model
-from shoal.model_config import config_from_json
 from shoal.settings import Settings
 from shoal.trace.config import TraceConfig
 from shoal.trace.sampling import Tracer

@@ -17,8 +17,8 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Final
 
 from shoal.errors import invalid_arg, unsupported
+from shoal.process.lifecycle import log_level
 from shoal.settings import Settings
-from shoal.workers.lifecycle import log_level
 
 LOG_FORMATS: Final = ("default", "ISO8601")
 _BOOL_KEYS: Final = ("log_info", "log_warning", "log_error")

@@ -21,7 +21,7 @@ from typing import Any
 from prometheus_client.metrics_core import Metric
 
 from shoal.frontend.metrics.exposition import counter_family
-from shoal.workers.devices import cuda_visible_entries
+from shoal.process.devices import cuda_visible_entries
 
 logger = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from shoal.model_config_checks import WILDCARD_DIM
+from shoal.config.model_config_checks import WILDCARD_DIM
 from shoal.workers.backends.torchscript_io import IoSpec, io_spec
 
 

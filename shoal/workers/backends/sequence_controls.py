@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from shoal.broker.schedulers.sequence.config import SequenceBatcherConfig
+from shoal.config.sequence_batching import SequenceBatcherConfig
 from shoal.errors import invalid_arg
 from shoal.workers.backends.torchscript_io import IoSpec
 

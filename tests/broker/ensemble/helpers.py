@@ -12,9 +12,9 @@ from collections.abc import Sequence
 from tritonclient.grpc.model_config_pb2 import ModelConfig
 
 from shoal.broker.ensemble import EnsemblePlan, validate_ensemble
+from shoal.config.model_config import normalize_config, parse_config_text
 from shoal.dtypes import element_count, element_size
 from shoal.messages import Lease, TensorRef
-from shoal.model_config import normalize_config, parse_config_text
 
 
 def config(name: str, text: str, *, normalize: bool = True) -> ModelConfig:

@@ -10,8 +10,8 @@ import random
 import pytest
 
 from shoal.broker.ensemble import EnsemblePlan, StepAdmission, validate_ensemble
+from shoal.config.model_config import parse_config_text
 from shoal.errors import ShoalError
-from shoal.model_config import parse_config_text
 
 from .helpers import DOCS_MODELS, diamond_plan, docs_ensemble, docs_plan
 

@@ -21,9 +21,9 @@ from shoal.broker.lifecycle.device_ledger import (
     ledger_from_settings,
     model_files_bytes,
 )
+from shoal.config.model_config import normalize_config, parse_config_text
 from shoal.errors import ErrorCode, ShoalError
 from shoal.messages import DeviceMemory, DeviceMemoryHolder
-from shoal.model_config import normalize_config, parse_config_text
 from shoal.settings import Settings
 from shoal.workers.workspace import device_workspace_bytes
 

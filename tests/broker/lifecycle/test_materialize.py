@@ -22,10 +22,10 @@ from shoal.broker.lifecycle.materialize import (
     materialize,
     remove_materialized,
 )
+from shoal.config.load_overrides import LoadOverrides, parse_config_override
+from shoal.config.model_config import load_config_file
 from shoal.errors import ErrorCode, ShoalError
-from shoal.load_overrides import LoadOverrides, parse_config_override
-from shoal.model_config import load_config_file
-from tests.test_load_overrides import MODEL, NAME, config_json, hostile_requests
+from tests.config.test_load_overrides import MODEL, NAME, config_json, hostile_requests
 
 
 def tree(directory: Path) -> dict[str, int]:

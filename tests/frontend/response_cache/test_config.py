@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from shoal.frontend.cli import build_parser, settings_from_args
 from shoal.frontend.response_cache.config import (
     CacheConfigError,
     cache_byte_size,
     parse_cache_setting,
 )
+from shoal.server.cli import build_parser, settings_from_args
 
 
 def _settings(*flags: str) -> int:
@@ -57,7 +57,7 @@ def test_bad_local_settings_name_the_problem(setting: tuple[str, str, str], mess
 
 
 def test_the_cli_refuses_bad_cache_flags(capsys: pytest.CaptureFixture[str]) -> None:
-    from shoal.frontend.cli import main
+    from shoal.server.cli import main
 
     with pytest.raises(SystemExit) as exit_info:
         main(["serve", "--model-repository=/r", "--cache-config=local,size=10",

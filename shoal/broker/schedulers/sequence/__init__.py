@@ -64,14 +64,6 @@ from shoal.broker.schedulers.sequence.batch import (
     SequenceConflict,
     SequenceReleased,
 )
-from shoal.broker.schedulers.sequence.config import (
-    BoolControl,
-    ControlInputs,
-    CorridControl,
-    InitialStateSpec,
-    SequenceBatcherConfig,
-    StateSpec,
-)
 from shoal.broker.schedulers.sequence.controls import RowControl, build_control_tensors
 from shoal.broker.schedulers.sequence.direct import DirectSequenceBatcher
 from shoal.broker.schedulers.sequence.oldest import OldestSequenceBatcher
@@ -82,6 +74,14 @@ from shoal.broker.schedulers.sequence.requests import (
     SequenceRequest,
 )
 from shoal.broker.schedulers.sequence.state import StateAssignment, StateBuffers
+from shoal.config.sequence_batching import (
+    BoolControl,
+    ControlInputs,
+    CorridControl,
+    InitialStateSpec,
+    SequenceBatcherConfig,
+    StateSpec,
+)
 
 SequenceBatcher = DirectSequenceBatcher | OldestSequenceBatcher
 

@@ -9,10 +9,10 @@ import numpy as np
 import numpy.typing as npt
 
 from shoal.broker.schedulers.base import Rejection
-from shoal.broker.schedulers.sequence.config import ControlInputs
 from shoal.broker.schedulers.sequence.controls import RowControl, build_control_tensors
 from shoal.broker.schedulers.sequence.requests import CorrelationId, SequenceRequest
 from shoal.broker.schedulers.sequence.state import StateAssignment
+from shoal.config.sequence_batching import ControlInputs
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,13 +27,13 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
-from shoal.broker.schedulers.sequence.config import BoolControl, ControlInputs, CorridControl
 from shoal.broker.schedulers.sequence.requests import (
     SEQUENCE_END,
     SEQUENCE_START,
     CorrelationId,
     SequenceRequest,
 )
+from shoal.config.sequence_batching import BoolControl, ControlInputs, CorridControl
 
 _NUMPY_OF: Final = {
     "BOOL": np.dtype(np.bool_), "INT32": np.dtype("<i4"), "FP32": np.dtype("<f4"),

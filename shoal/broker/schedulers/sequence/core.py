@@ -22,7 +22,6 @@ from shoal.broker.schedulers.sequence.batch import (
     SequenceConflict,
     SequenceReleased,
 )
-from shoal.broker.schedulers.sequence.config import SequenceBatcherConfig
 from shoal.broker.schedulers.sequence.controls import RowControl
 from shoal.broker.schedulers.sequence.records import Backlog, Entry, SequenceRecord, Slot, Taken
 from shoal.broker.schedulers.sequence.requests import (
@@ -34,6 +33,7 @@ from shoal.broker.schedulers.sequence.requests import (
     missing_start,
 )
 from shoal.broker.schedulers.sequence.state import StateAssignment, StateTracker
+from shoal.config.sequence_batching import SequenceBatcherConfig
 
 
 class SequenceBatcherCore:

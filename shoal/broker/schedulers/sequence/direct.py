@@ -17,11 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shoal.broker.schedulers.sequence.batch import BatchRow, SequenceBatch
-from shoal.broker.schedulers.sequence.config import SequenceBatcherConfig
 from shoal.broker.schedulers.sequence.controls import NOT_READY
 from shoal.broker.schedulers.sequence.core import SequenceBatcherCore
 from shoal.broker.schedulers.sequence.records import Slot
 from shoal.broker.schedulers.sequence.requests import SequenceRequest
+from shoal.config.sequence_batching import SequenceBatcherConfig
 
 
 @dataclass(frozen=True, slots=True)

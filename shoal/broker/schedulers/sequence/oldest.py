@@ -19,10 +19,10 @@ from dataclasses import replace
 from shoal.broker.schedulers.base import RequestKey
 from shoal.broker.schedulers.dynamic import DynamicBatcher, DynamicBatcherConfig
 from shoal.broker.schedulers.sequence.batch import BatchRow, SequenceBatch, SequenceReleased
-from shoal.broker.schedulers.sequence.config import SequenceBatcherConfig
 from shoal.broker.schedulers.sequence.core import SequenceBatcherCore
 from shoal.broker.schedulers.sequence.records import Slot, Taken
 from shoal.broker.schedulers.sequence.requests import SequenceRequest
+from shoal.config.sequence_batching import SequenceBatcherConfig
 
 
 class OldestSequenceBatcher(SequenceBatcherCore):

@@ -9,7 +9,7 @@ from typing import Final
 
 from shoal import correlation_ids
 from shoal.broker.schedulers.base import QueuedRequest, Rejection
-from shoal.broker.schedulers.sequence.config import SequenceBatcherConfig
+from shoal.config.sequence_batching import SequenceBatcherConfig
 from shoal.errors import ErrorCode
 
 CorrelationId = int | str

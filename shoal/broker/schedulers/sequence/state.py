@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from shoal.broker.schedulers.sequence.config import StateSpec
+from shoal.config.sequence_batching import StateSpec
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,4 @@
-"""The ``llm`` backend: one in-process ``shoal.workers.llm.Executor`` per model instance,
+"""The ``llm`` backend: one in-process ``shoal.llm.Executor`` per model instance,
 served as a decoupled model (or, with ``decoupled: false``, as TensorRT-LLM's backend serves
 one: see "Not decoupled" below).
 
@@ -70,9 +70,11 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
+from shoal.config.model_config import is_decoupled
 from shoal.errors import ErrorCode, ShoalError, invalid_arg
+from shoal.llm import Executor, FinishReason, Response, Result
+from shoal.llm.checkpoint import read_model_spec
 from shoal.messages import Error, LlmStats
-from shoal.model_config import is_decoupled
 from shoal.workers.backends.base import (
     BackendRequest,
     BackendResponse,
@@ -106,8 +108,6 @@ from shoal.workers.backends.llm.logits import (
 from shoal.workers.backends.llm.settings import model_parameters, read_settings
 from shoal.workers.backends.llm.threads import configure_threads
 from shoal.workers.backends.llm.trtllm_parameters import ignored_warning, normalize_parameters
-from shoal.workers.llm import Executor, FinishReason, Response, Result
-from shoal.workers.llm.checkpoint import read_model_spec
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer

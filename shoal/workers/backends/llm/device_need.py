@@ -1,9 +1,9 @@
 """What one instance of an ``llm``-backend model takes on its device, for the device-memory
 ledger: the checkpoint's weights and the executor's KV pool.
 
-The broker never imports torch (nor ``shoal.workers.llm``, whose package imports it), so this
+The broker never imports torch (nor ``shoal.llm``, whose package imports it), so this
 reads the checkpoint's ``config.json`` and file sizes itself, with the executor's own rules
-(``workers/llm/checkpoint.read_model_spec``, ``executor._num_blocks``, ``KvCachePool``; the
+(``llm/checkpoint.read_model_spec``, ``executor._num_blocks``, ``KvCachePool``; the
 fraction rule is the backend's own, ``workers/backends/llm/kv_pool``; a unit test holds the two
 to the same bytes):
 

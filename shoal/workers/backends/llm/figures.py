@@ -37,11 +37,11 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from shoal.llm import FinishReason, Request, Result
 from shoal.messages import LATENCY_BUCKET_BOUNDS_US, TOKEN_LEN_BOUNDS, LlmStats
-from shoal.workers.llm import FinishReason, Request, Result
 
 if TYPE_CHECKING:
-    from shoal.workers.llm import Executor
+    from shoal.llm import Executor
 
 
 @dataclass
@@ -68,7 +68,7 @@ class RequestClock:
 def new_tokens(request: Request, result: Result, clock: RequestClock) -> int:
     """Generated tokens ``result`` adds for its sequence (beam 0) beyond those already produced
     in ``clock``; the end token that finished the sequence counts as one. Follows the token
-    conventions of ``shoal.workers.llm.request``: a streaming result holds the new tokens only,
+    conventions of ``shoal.llm.request``: a streaming result holds the new tokens only,
     unless ``return_all_generated_tokens`` or beam search make it hold all generated so far; a
     non-streaming result holds the whole sequence, after the prompt unless the prompt is
     excluded."""

@@ -24,7 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shoal.errors import invalid_arg
-from shoal.workers.llm.guided import GuidedDecodingConfig, GuidedDecodingParams, GuideType
+from shoal.llm.guided import GuidedDecodingConfig, GuidedDecodingParams, GuideType
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ _TYPES: Final = {t.value: t for t in GuideType}
 def guided_decoding_config(parameters: dict[str, str], checkpoint_dir: Path,
                            eos_token_id: int | None) -> GuidedDecodingConfig | None:
     """The executor's guided decoding config for this model, or None (off)."""
-    from shoal.workers.llm.checkpoint import load_tokenizer
+    from shoal.llm.checkpoint import load_tokenizer
 
     raw = parameters.get(PARAMETER, "").strip().lower()
     if raw not in ("", "xgrammar", "none"):

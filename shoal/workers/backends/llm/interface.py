@@ -60,12 +60,12 @@ import numpy as np
 import numpy.typing as npt
 
 from shoal.errors import ShoalError, invalid_arg
+from shoal.llm import FinishReason, OutputConfig, Request, Result, SamplingConfig
 from shoal.workers.backends.base import BackendRequest, OutputTensor
 from shoal.workers.backends.llm.guided import FIELD_NAMES as GUIDED_FIELD_NAMES
 from shoal.workers.backends.llm.guided import guided_params
 from shoal.workers.backends.llm.logits import FIELD_NAMES as LOGITS_FIELD_NAMES
 from shoal.workers.backends.llm.logits import apply_logits_inputs
-from shoal.workers.llm import FinishReason, OutputConfig, Request, Result, SamplingConfig
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer

@@ -31,8 +31,8 @@ import numpy.typing as npt
 import orjson
 
 from shoal.errors import invalid_arg
+from shoal.llm import LogitsPostProcessorConfig, Request, Result
 from shoal.workers.backends.base import OutputTensor
-from shoal.workers.llm import LogitsPostProcessorConfig, Request, Result
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer

@@ -49,15 +49,15 @@ from pathlib import Path
 from typing import Any
 
 from shoal.errors import invalid_arg
-from shoal.workers.backends.llm.kv_pool import fraction_blocks
-from shoal.workers.llm import (
+from shoal.llm import (
     BatchingType,
     CapacitySchedulerPolicy,
     ExecutorConfig,
     KvCacheConfig,
     SchedulerConfig,
 )
-from shoal.workers.llm.checkpoint import DTYPES, read_model_spec
+from shoal.llm.checkpoint import DTYPES, read_model_spec
+from shoal.workers.backends.llm.kv_pool import fraction_blocks
 
 ALLOWED_ROOTS_SETTING = "checkpoint-roots"
 _KNOWN = frozenset({

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 
 from tritonclient.grpc.model_config_pb2 import DataType, ModelConfig, ModelInput, ModelOutput
 
+from shoal.config.model_config import config_from_json, config_to_json
 from shoal.errors import invalid_arg
-from shoal.model_config import config_from_json, config_to_json
 from shoal.workers.backends.model_files import existing_path, newest_version_path
 from shoal.workers.backends.openvino.element_types import config_type_name
 

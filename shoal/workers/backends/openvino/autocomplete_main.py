@@ -11,8 +11,8 @@ import json
 import sys
 from typing import Any
 
+from shoal.config.model_config import config_from_json, config_to_json
 from shoal.errors import ShoalError
-from shoal.model_config import config_from_json, config_to_json
 from shoal.workers.backends.openvino.autocomplete import ModelTensor, complete_config
 from shoal.workers.backends.openvino.model_setup import port_info
 from shoal.workers.backends.openvino.runtime import import_openvino, openvino_message

@@ -22,13 +22,13 @@ import contextlib
 import json
 from typing import TYPE_CHECKING, Any
 
-from shoal.errors import ShoalError, invalid_arg
-from shoal.load_overrides import (
+from shoal.config.load_overrides import (
     CONFIG_PARAMETER,
     FILE_PARAMETER_PREFIX,
     check_load_parameters,
     shown,
 )
+from shoal.errors import ShoalError, invalid_arg
 from shoal.workers.backends.python.pb_request import (
     InferenceRequest,
     InferenceResponse,

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from shoal.broker.schedulers.sequence.config import SequenceBatcherConfig
+from shoal.config.sequence_batching import SequenceBatcherConfig
 from shoal.workers.backends.sequence_controls import batcher_controls
 from shoal.workers.backends.torchscript_io import IoSpec
 
