@@ -278,8 +278,8 @@ def _raw_post(server: ShoalServer, model: str, x: np.ndarray) -> socket.socket:
 
 def _canceled_failures(server: ShoalServer, model: str) -> int:
     text = httpx.get(f"http://127.0.0.1:{server.metrics_port}/metrics").text
-    match = re.search(rf'nv_inference_request_failure{{model="{model}",version="1",'
-                      rf'reason="CANCELED"}} (\d+)', text)
+    match = re.search(rf'nv_inference_request_failure{{model="{model}",reason="CANCELED",'
+                      rf'version="1"}} (\d+)', text)
     assert match is not None
     return int(match.group(1))
 

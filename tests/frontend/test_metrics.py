@@ -56,10 +56,10 @@ def test_per_model_counters_use_triton_names_and_labels() -> None:
     assert values["nv_inference_compute_output_duration_us" + labels] == 7
 
 
-def test_failures_have_every_triton_reason() -> None:
+def test_failures_have_every_triton_reason_with_the_labels_in_tritons_order() -> None:
     values = samples(render_prometheus([stats()]))
-    by_reason = {reason: values[f'nv_inference_request_failure{{model="m",version="1",'
-                                f'reason="{reason}"}}']
+    by_reason = {reason: values[f'nv_inference_request_failure{{model="m",reason="{reason}",'
+                                f'version="1"}}']
                  for reason in ("REJECTED", "CANCELED", "BACKEND", "OTHER")}
     assert by_reason == {"REJECTED": 1, "CANCELED": 0, "BACKEND": 2, "OTHER": 1}
 

@@ -38,9 +38,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
+import grpc
 from tritonclient.grpc import service_pb2 as pb
 
-from shoal.errors import ShoalError, unsupported
+from shoal.errors import ErrorCode, ShoalError, unsupported
 from shoal.frontend.grpc.convert import DecodedGrpcRequest, decode_model_infer_request
 from shoal.frontend.grpc.encode import (
     encode_infer_response,
@@ -48,7 +49,7 @@ from shoal.frontend.grpc.encode import (
     stream_refusal,
     stream_reply,
 )
-from shoal.frontend.grpc.status import INTERNAL_ERROR_MESSAGE
+from shoal.frontend.grpc.status import INTERNAL_ERROR_MESSAGE, status_for
 from shoal.frontend.grpc.wire import InferRequestWire, wire_request
 from shoal.frontend.header_forward import forwarded_parameters, with_forwarded
 from shoal.frontend.http.validation import validate_request
@@ -70,6 +71,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+# the stream header that makes an error end the stream with its gRPC status (Triton's)
+GRPC_ERROR_HEADER: Final = "triton_grpc_error"
 DECOUPLED_UNARY_MESSAGE: Final = (
     "ModelInfer RPC doesn't support models with decoupled transaction policy"
 )
@@ -185,9 +188,18 @@ class _Turn:
     done: asyncio.Future[None]
 
 
+def grpc_error_requested(context: Any) -> bool:
+    """The stream's metadata has ``triton_grpc_error: true`` (Triton's opt-in: the first error
+    ends the stream with its gRPC status instead of travelling in-band)."""
+    return any(key.lower() == GRPC_ERROR_HEADER and str(value).strip().lower() == "true"
+               for key, value in (context.invocation_metadata() or ()))
+
+
 class StreamSession:
     """One ModelStreamInfer call. All of it runs on the event loop; writes are serialized (grpc
-    allows one at a time)."""
+    allows one at a time). Errors go in-band, each as its request's message; with the
+    ``triton_grpc_error: true`` header the first one ends the stream instead, with the error's
+    gRPC status and text (nothing is written after it)."""
 
     def __init__(self, inference: GrpcInference, context: Any) -> None:
         self._inference = inference
@@ -195,13 +207,21 @@ class StreamSession:
         self._write_lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
         self._last_turn: asyncio.Future[None] | None = None
+        self._grpc_error = grpc_error_requested(context)
+        self._ended = False  # the stream was ended with an error status (triton_grpc_error)
         self._forwarded = inference.forwarded(context)  # the stream's metadata, for each request
 
     async def run(self, requests: AsyncIterator[Any]) -> None:
         try:
-            async for received in requests:
-                self._spawn(received if isinstance(received, InferRequestWire)
-                            else wire_request(received))
+            try:
+                async for received in requests:
+                    if self._ended:
+                        break
+                    self._spawn(received if isinstance(received, InferRequestWire)
+                                else wire_request(received))
+            except Exception:
+                if not self._ended:  # reading after the stream was ended may fail: expected
+                    raise
             while self._tasks:
                 await asyncio.wait(set(self._tasks))
         finally:
@@ -235,17 +255,19 @@ class StreamSession:
             if model is not None and model.decoupled:
                 await self._serve_decoupled(request, model, trace)
                 return
+            code: ErrorCode | None
             if model is None:
                 assert error is not None
-                reply = self._refusal(message, error.message)
+                reply, code = self._refusal(message, error.message), error.code
             else:
-                reply = await self._answer_once(request, model, trace)
+                reply, code = await self._answer_once(request, model, trace)
             assert turn is not None
-            await self._write_in_turn(turn, reply, trace)
+            await self._write_in_turn(turn, reply, trace, code)
         except Exception as exc:  # a bug: say so in-band, keep the stream
             logger.error("unexpected error serving a gRPC stream request", exc_info=exc)
             with contextlib.suppress(Exception):
-                await self._write(self._error(message, INTERNAL_ERROR_MESSAGE))
+                await self._write(self._error(message, INTERNAL_ERROR_MESSAGE),
+                                  error=ErrorCode.INTERNAL)
         finally:
             if turn is not None and not turn.done.done():
                 turn.done.set_result(None)
@@ -253,25 +275,25 @@ class StreamSession:
                 self._inference.finish(trace)
 
     async def _answer_once(self, request: InferRequestWire, model: ModelVersionInfo,
-                           trace: RequestTrace | None = None) -> Any:
+                           trace: RequestTrace | None = None) -> tuple[Any, ErrorCode | None]:
         """The serialized answer, or an in-band error message (a refusal before the request is
-        issued, or the error response it got)."""
+        issued, or the error response it got) and its error's code."""
         try:
             call = self._inference.start(request, model, trace, self._forwarded)
         except ShoalError as error:
-            return self._refusal(request.message, error.message)
+            return self._refusal(request.message, error.message), error.code
         try:
             outcome = await self._inference.infer(call, trace)
-            return self._inference.encode(call, outcome, final=True)
+            return self._inference.encode(call, outcome, final=True), None
         except ShoalError as error:
-            return self._error(request.message, error.message)
+            return self._error(request.message, error.message), error.code
 
     async def _serve_decoupled(self, request: InferRequestWire, model: ModelVersionInfo,
                                trace: RequestTrace | None = None) -> None:
         try:
             call = self._inference.start(request, model, trace, self._forwarded)
         except ShoalError as error:
-            await self._write(self._refusal(request.message, error.message))
+            await self._write(self._refusal(request.message, error.message), error=error.code)
             return
         message = request.message
         issued = False  # an answer came: the DataPlane admitted it
@@ -284,13 +306,15 @@ class StreamSession:
                 async for outcome in answers:
                     issued = True
                     reply = self._decoupled_reply(call, outcome, message)
+                    failed = outcome.response.error
                     if reply is not None:
-                        await self._write(reply, trace if outcome.response.final else None)
+                        await self._write(reply, trace if outcome.response.final else None,
+                                          error=failed.code if failed is not None else None)
         except ShoalError as error:
             if issued:  # e.g. an answer that cannot be encoded: the request's last message
-                await self._write(self._error(message, error.message), trace)
+                await self._write(self._error(message, error.message), trace, error=error.code)
             else:  # the DataPlane refused to issue it (admission)
-                await self._write(self._refusal(message, error.message))
+                await self._write(self._refusal(message, error.message), error=error.code)
 
     def _decoupled_reply(self, call: _Call, outcome: InferOutcome, message: Any) -> Any:
         """The message for one answer of a decoupled model to request ``message``; None for a
@@ -318,15 +342,26 @@ class StreamSession:
         return stream_refusal(text, client_id=message.id)
 
     async def _write_in_turn(self, turn: _Turn, reply: Any,
-                             trace: RequestTrace | None = None) -> None:
+                             trace: RequestTrace | None = None,
+                             error: ErrorCode | None = None) -> None:
         if turn.previous is not None:
             await asyncio.wait({turn.previous})  # (wait, not await: never cancel the future)
-        await self._write(reply, trace)
+        await self._write(reply, trace, error)
 
-    async def _write(self, reply: Any, trace: RequestTrace | None = None) -> None:
+    async def _write(self, reply: Any, trace: RequestTrace | None = None,
+                     error: ErrorCode | None = None) -> None:
         """Write one message; a ``trace`` (a traced request's last answer) is stamped around
-        the write."""
+        the write. ``error``: the message is an error with this code; under
+        ``triton_grpc_error`` it ends the stream with that status instead of being written.
+        Nothing is written once the stream has ended."""
         async with self._write_lock:
+            if self._ended:
+                return
+            if error is not None and self._grpc_error:
+                self._ended = True
+                with contextlib.suppress(grpc.aio.AbortError):
+                    await self._context.abort(status_for(error), reply.error_message)
+                return
             if trace is not None:
                 trace.stamp(GRPC_SEND_START)
             await self._context.write(reply)

@@ -86,8 +86,10 @@ def model_families(stats: Sequence[ModelStats], counter_latencies: bool = True
                               "Number of failed inference requests, all batch sizes")
     for s in ordered:
         for reason, count in failures_by_reason(s).items():
-            failures.add_sample("nv_inference_request_failure",
-                                {**version_labels(s), "reason": reason}, count)
+            # labels in name order, as Triton prints them (model, reason, version): clients and
+            # Triton's own tests match the sample line as text
+            labels = dict(sorted({**version_labels(s), "reason": reason}.items()))
+            failures.add_sample("nv_inference_request_failure", labels, count)
     yield failures
     for name, text, value in _COUNTS:
         yield _counter(name, text, value, ordered)
