@@ -39,7 +39,7 @@ serve-llm: setup
 	$(BIN)/shoal serve --model-repository examples/llm_repository
 
 test: setup
-	$(BIN)/python -m pytest -q -ra
+	$(BIN)/python -m pytest -q -ra -n 2 --dist loadfile
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -ra -m "not e2e and not slow"

@@ -1,6 +1,7 @@
-"""The chaos soak's 2-minute version (bench/chaos_soak.py runs 30): 32 clients mixing HTTP JSON,
-HTTP binary, gRPC, system shared memory and gRPC streams while workers are SIGKILLed or
-SIGSTOPped every ~10 s and a model is reloaded every 30 s. Every request gets exactly one answer,
+"""The chaos soak's 45-second version (the soaks themselves are benchmarks: ``make bench-chaos``
+runs 30 minutes, ``python -m bench.chaos_soak --minutes 2 --no-write`` the 2-minute one this test
+used to be): 32 clients mixing HTTP JSON, HTTP binary, gRPC, system shared memory and gRPC
+streams while workers are SIGKILLed or SIGSTOPped every ~5 s and a model is reloaded every 15 s. Every request gets exactly one answer,
 none comes after its deadline, every success is correct, the long-lived processes' RSS and the
 server's /dev/shm stay flat, and nothing survives the stop."""
 
@@ -13,9 +14,9 @@ from bench.chaos_soak import render, run_soak
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.timeout(600)
-def test_chaos_soak_two_minutes() -> None:
-    report = run_soak(minutes=2.0, clients=32, chaos_every_s=10.0, reload_every_s=30.0)
+@pytest.mark.timeout(300)
+def test_chaos_for_45_seconds() -> None:
+    report = run_soak(minutes=0.75, clients=32, chaos_every_s=5.0, reload_every_s=15.0)
     text = render(report, "tests/e2e/test_chaos_soak.py")
     tally = report.tally
     assert not tally.violations, text

@@ -85,6 +85,7 @@ def test_a_missing_socket_is_not_an_error(tmp_path: pathlib.Path) -> None:
     notifier = SystemdNotifier(str(tmp_path / "gone"))
     assert not notifier.send("READY=1")
     assert not notifier.send("READY=1")  # logged once, never raised
+    notifier.close()
 
 
 def test_pings_need_a_fresh_heartbeat() -> None:
