@@ -53,6 +53,7 @@ from shoal.messages import (
     InlineTensor,
     Lease,
     LoadModel,
+    LogLevel,
     Message,
     RegionRegistered,
     RegionUnregistered,
@@ -98,6 +99,7 @@ class BrokerLoop:
         self.next_exec_id = 1
         self.spawn_counter = 0
         self.stopping = False
+        self.log_level: LogLevel | None = None  # the logging API's last change, for new workers
         self.health_checked_at = time.monotonic()
         self.lifecycle_due = 0.0  # 0: run the lifecycle on the next pass
         self.wake_by: float | None = None  # set by settle(); None: settle before polling
@@ -235,6 +237,10 @@ class BrokerLoop:
             self.cancel(identity, message.request_id, now)
         elif isinstance(message, ForgetCudaHandles):
             self.workers.send_control_to_all(message)  # each worker unmaps them between batches
+        elif isinstance(message, LogLevel):  # the logging API: server-wide, as Triton's
+            logging.getLogger().setLevel(message.level)
+            self.log_level = message
+            self.workers.send_control_to_all(message)
         elif isinstance(message, (LoadModel, UnloadModel)):
             self.lifecycle.on_control(identity, message, now)
             self.lifecycle_due = 0.0
@@ -503,6 +509,8 @@ class BrokerLoop:
                 return
             handle.state, handle.ready_at = WorkerState.IDLE, now
             slot.ever_ready, slot.last_exit = True, ""
+            if self.log_level is not None:  # the logging API changed the level since it started
+                self.workers.send_control(handle.identity, self.log_level)
             logger.info("model %s version %d instance %s ready (pid %d)", runtime.name,
                         runtime.version, slot.instance_name, handle.pid)
             runtime.refresh_state()

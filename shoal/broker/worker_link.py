@@ -71,6 +71,10 @@ class WorkerLink:
         except zmq.ZMQError as exc:
             logger.warning("cannot reach worker %s: %s", identity, exc)
 
+    def send_control(self, identity: str, message: Message) -> None:
+        """``message`` to the control socket of worker ``identity`` (a ready one has it)."""
+        self.send(identity + CONTROL_SUFFIX, message)
+
     def send_control_to_all(self, message: Message) -> None:
         """``message`` to the control socket of every worker the broker knows (one still loading
         has no control socket yet and gets nothing: it holds nothing the message could be about).

@@ -31,6 +31,7 @@ from shoal.messages import (
     InferResponseBatch,
     Lease,
     LoadModel,
+    LogLevel,
     Message,
     RegionRegistered,
     RegionUnregistered,
@@ -179,6 +180,11 @@ class BrokerClient:
         this on to every worker, which unmaps them. Sent after every request queued so far."""
         self._flush()
         self._send(ForgetCudaHandles(handles))
+
+    def set_log_level(self, level: int) -> None:
+        """The logging extension's settings changed here: the broker sets its own level and
+        every worker's (``LogLevel``)."""
+        self._send(LogLevel(level))
 
     def region_registered(self, region: ClientRegion) -> None:
         """Tell the broker, which keeps it for a frontend that replaces this one."""

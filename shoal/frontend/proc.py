@@ -126,7 +126,10 @@ async def serve_frontend(settings: Settings, index: int = 0) -> None:
     log_descriptor_budget(fds_before, budget, settings)
     dataplane = FrontendDataPlane(settings, index)
     await dataplane.start()
-    log_settings = ProcessLogSettings(LogSettings.starting(settings))
+    # a change through the logging API holds server-wide: the broker and the workers follow
+    log_settings = ProcessLogSettings(
+        LogSettings.starting(settings),
+        on_change=lambda updated: dataplane.client.set_log_level(updated.python_level()))
     # the process's trace settings and sampling, shared by HTTP and gRPC
     tracer = Tracer(TraceConfig.from_triples(settings.trace_config), index, settings.http_workers)
     servers = [_server(create_asgi_app(dataplane, settings, log_settings, tracer),

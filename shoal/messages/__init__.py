@@ -78,6 +78,7 @@ from shoal.messages.worker import (
     CancelExecuting,
     ForgetCudaHandles,
     Heartbeat,
+    LogLevel,
     Result,
     StateBinding,
     StreamResponse,
@@ -120,6 +121,7 @@ class MsgKind(bytes, enum.Enum):
     HEARTBEAT = b"\x18"
     STREAM_RESPONSES = b"\x19"
     CACHE_FIGURES = b"\x20"
+    LOG_LEVEL = b"\x21"
 
 
 Message = (
@@ -127,7 +129,7 @@ Message = (
     | CancelRequest | Hello | RepositorySnapshot | RegionRegistered | RegionUnregistered
     | StatsRequest | StatsReply | Batch | BatchResult | WorkerReady | WorkerLoadFailed
     | WorkerShutdown | StreamResponse | StreamResponses | CancelExecuting | ForgetCudaHandles
-    | LoadModel | UnloadModel | ControlReply | Heartbeat | CacheFigures
+    | LoadModel | UnloadModel | ControlReply | Heartbeat | CacheFigures | LogLevel
 )
 
 _KIND_OF: Final[dict[type[msgspec.Struct], MsgKind]] = {
@@ -150,6 +152,7 @@ _KIND_OF: Final[dict[type[msgspec.Struct], MsgKind]] = {
     StreamResponses: MsgKind.STREAM_RESPONSES,
     CancelExecuting: MsgKind.CANCEL_EXECUTING,
     ForgetCudaHandles: MsgKind.FORGET_CUDA_HANDLES,
+    LogLevel: MsgKind.LOG_LEVEL,
     LoadModel: MsgKind.LOAD_MODEL,
     UnloadModel: MsgKind.UNLOAD_MODEL,
     ControlReply: MsgKind.CONTROL_REPLY,
@@ -218,6 +221,7 @@ __all__ = [
     "Lease",
     "LlmStats",
     "LoadModel",
+    "LogLevel",
     "Message",
     "ModelCacheFigures",
     "ModelLoadStats",

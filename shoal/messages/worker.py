@@ -151,6 +151,16 @@ class ForgetCudaHandles(msgspec.Struct, frozen=True, array_like=True):
     handles: list[CudaHandle]
 
 
+class LogLevel(msgspec.Struct, frozen=True, array_like=True):
+    """frontend -> broker -> every worker (control socket): the logging extension's settings
+    changed (``POST /v2/logging``, gRPC ``LogSettings``); the broker and each worker set their
+    root logger to ``level`` (a Python logging level), so the settings hold server-wide as in
+    Triton (a model's ``pb_utils.Logger`` writes in its worker). A worker that becomes ready
+    later gets the broker's last one."""
+
+    level: int
+
+
 class WorkerReady(msgspec.Struct, frozen=True, array_like=True):
     """worker -> broker, after the model loaded. ``instance`` equals the socket identity."""
 

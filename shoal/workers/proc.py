@@ -10,8 +10,9 @@ Sockets (all DEALERs to the broker's worker ROUTER):
   ``<identity>``    batches in, BatchResults out; the main thread only.
   ``<identity>#s``  StreamResponses of decoupled models, sent by whatever thread the model
                     answers from, serialized by ``output_lock`` (which also guards the arena).
-  ``<identity>#c``  CancelExecuting and ForgetCudaHandles in; read by the control thread, which
-                    only sets flags and queues forgets (applied between batches).
+  ``<identity>#c``  CancelExecuting, ForgetCudaHandles and LogLevel in; read by the control
+                    thread, which only sets flags, queues forgets (applied between batches) and
+                    sets the root logger's level.
 
 Lifecycle: load -> WorkerReady (or WorkerLoadFailed and exit 1); WorkerShutdown, STOP_SIGNAL or
 the parent's death -> finalize the model, unlink own segments, exit 0.
@@ -46,6 +47,7 @@ from shoal.messages import (
     ForgetCudaHandles,
     Heartbeat,
     Lease,
+    LogLevel,
     ReleaseLeases,
     Result,
     StreamResponse,
@@ -213,6 +215,8 @@ class WorkerProc:
                 self.cancelled.update(message.request_ids)
             elif isinstance(message, ForgetCudaHandles):
                 self.device_regions.queue_forget(message.handles)
+            elif isinstance(message, LogLevel):  # the logging API, server-wide
+                logging.getLogger().setLevel(message.level)
 
     # ------------------------------------------------------------------ execution
 

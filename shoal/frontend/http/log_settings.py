@@ -13,6 +13,7 @@ is the process's logging configuration.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Final
 
@@ -82,13 +83,18 @@ class LogSettings:
 @dataclass(slots=True)
 class ProcessLogSettings:
     """The logging settings of one frontend process, shared by its HTTP and gRPC endpoints
-    (logging is process-wide, so both must see and change the same settings). Event loop only."""
+    (logging is process-wide, so both must see and change the same settings). ``on_change``:
+    told each applied update (the frontend passes the level on to the broker and the workers,
+    so the settings hold server-wide). Event loop only."""
 
     current: LogSettings = field(default_factory=LogSettings)
+    on_change: Callable[[LogSettings], None] | None = None
 
     def update(self, changes: dict[str, Any]) -> LogSettings:
         """Validate and apply ``changes`` as a whole (nothing changes on error)."""
         updated = self.current.updated(changes)
         updated.apply()
         self.current = updated
+        if self.on_change is not None:
+            self.on_change(updated)
         return updated
