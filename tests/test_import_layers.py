@@ -35,8 +35,6 @@ KNOWN: dict[tuple[str, str], str] = {
         "the other half of that circle",
     ("shoal.frontend.http.guard", "shoal.frontend.http.lean"):
         "the other half of the guard/lean circle",
-    ("shoal.ops.sampler", "shoal.frontend.dataplane"):
-        "an arrow up (type only): the sampler reads the frontend's DataPlane",
 }
 
 

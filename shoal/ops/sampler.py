@@ -21,13 +21,13 @@ import time
 from collections import deque
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import Final, Protocol
 
 import msgspec
 import psutil  # type: ignore[import-untyped]
 
 from shoal.errors import ShoalError
-from shoal.messages import DeviceMemory, ModelStats, StatsReply
+from shoal.messages import DeviceMemory, ModelStats, RepositorySnapshot, StatsReply
 from shoal.ops.llm_figures import LlmFigures
 from shoal.ops.model_figures import ModelFigures
 from shoal.ops.processes import ProcessTable
@@ -53,8 +53,42 @@ from shoal.ops.shm_usage import (
     worker_serial_prefix,
 )
 
-if TYPE_CHECKING:
-    from shoal.frontend.dataplane import DataPlane
+
+class _SystemRegion(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def key(self) -> str: ...
+    @property
+    def offset(self) -> int: ...
+    @property
+    def byte_size(self) -> int: ...
+
+
+class _CudaRegion(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def device_id(self) -> int: ...
+    @property
+    def byte_size(self) -> int: ...
+
+
+class _Regions(Protocol):
+    def status(self, name: str | None) -> Sequence[_SystemRegion]: ...
+    def cuda_status(self, name: str | None) -> Sequence[_CudaRegion]: ...
+
+
+class SampledServer(Protocol):
+    """What the sampler reads of the frontend that serves it (its ``DataPlane``)."""
+
+    @property
+    def snapshot(self) -> RepositorySnapshot: ...
+    @property
+    def shared_memory(self) -> _Regions: ...
+    def is_ready(self) -> bool: ...
+    def is_exiting(self) -> bool: ...
+    async def stats(self, model: str, version: int) -> StatsReply: ...
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +117,7 @@ class SubscriberLimit(Exception):
 class Sampler:
     """Owns the latest document and the history. Runs on the frontend's event loop."""
 
-    def __init__(self, dataplane: DataPlane, instance_id: str, *,
+    def __init__(self, dataplane: SampledServer, instance_id: str, *,
                  root: psutil.Process | None = None, interval_s: float = INTERVAL_S,
                  history_s: float = HISTORY_S, shm_directory: str = SHM_DIRECTORY) -> None:
         self.dataplane = dataplane
