@@ -5,6 +5,12 @@ input arena (``<arena_prefix>b<n>`` segments: the broker removes every segment o
 ``arena_prefix`` when the worker dies) and the ``BlsLink`` (socket identity ``bls-<identity>``,
 ``Hello`` first, repository snapshots kept).
 
+Fork: a process forked from the worker (``multiprocessing``) inherits the link's socket but not
+its thread, so it could never hear an answer. The child therefore starts afresh on first use: a
+new ZeroMQ context, identity ``bls-<identity>~<pid>`` and arena ``<arena_prefix>b~<pid>-<n>`` (the
+inherited objects are left untouched: they belong to the parent), closed when a
+``multiprocessing`` child exits.
+
 Threads: every public method may be called from any thread. The arena is guarded by
 ``_arena_lock`` (allocation on the calling thread, frees on the link thread); each input is copied
 into its slot on the calling thread, outside the lock.
@@ -15,11 +21,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import os
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable
-from typing import Final
+from typing import Any, Final
 
 import zmq
 
@@ -83,6 +91,25 @@ class BlsClient:
         self._closed = False
         self._request_ids = itertools.count(1)
         self._query_ids = itertools.count(1)
+        self._inherited: list[Any] = []  # a forked child's copies of the parent's link and arena
+        this = weakref.ref(self)
+        os.register_at_fork(after_in_child=lambda: _forked(this))
+
+    def _after_fork(self) -> None:
+        """In a forked child: forget (never touch) the parent's link, arena and context, so the
+        next use connects anew under names of this process."""
+        pid = os.getpid()
+        self._inherited += [self._link, self._arena, self._context]
+        self._lock = threading.Lock()  # another thread may have held them at the fork
+        self._arena_lock = threading.Lock()
+        self._link, self._arena = None, None
+        self._context = zmq.Context()
+        base = self._identity.decode().split("~", 1)[0]
+        self._identity = f"{base}~{pid}".encode()
+        self._arena_prefix = f"{self._arena_prefix.split('~', 1)[0]}~{pid}-"
+        if not self._closed:
+            import multiprocessing.util
+            multiprocessing.util.Finalize(self, self.close, exitpriority=10)
 
     @property
     def started(self) -> bool:
@@ -96,7 +123,8 @@ class BlsClient:
                 settings = self._settings
                 self._arena = Arena(self._arena_prefix, settings.shm_segment_bytes,
                                     settings.shm_arena_max_bytes)
-                memory = CalleeMemory(settings.segment_prefix, settings.shm_segment_bytes)
+                memory = CalleeMemory(settings.segment_prefix, settings.shm_segment_bytes,
+                                      max(settings.shm_arena_max_bytes // 2, 1))
                 self._link = BlsLink(self._context, f"ipc://{settings.runtime_dir}/frontend.sock",
                                      self._identity, memory)
             return self._link
@@ -225,3 +253,9 @@ class BlsClient:
             if self._arena is not None:
                 self._arena.close()
                 self._arena = None
+
+
+def _forked(client: weakref.ref[BlsClient]) -> None:
+    alive = client()
+    if alive is not None:
+        alive._after_fork()

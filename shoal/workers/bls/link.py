@@ -263,7 +263,8 @@ class BlsLink:
             if response.lease is not None:
                 self.release(response.lease)
         else:
-            answer = answer_from(response, self._memory.view, self.release)
+            answer = answer_from(response, self._memory.view, self.release,
+                                 self._memory.copy_bytes)
             self._memory.lent(response.lease, response.outputs)
             self._deliver(call, answer)
         if call is not None and response.final:

@@ -5,7 +5,11 @@ Ownership: an answer's outputs lie in the callee worker's arena, lent under the 
 is garbage: every fixed-size output array is made from a ``SharedOutput`` (``__array_interface__``
 over the shared memory) that holds the token, so the array's ``base`` chain keeps the memory
 lent while any view of it lives (``np.asarray``, slices, DLPack capsules, torch.from_numpy).
-BYTES outputs are decoded into object arrays (a copy) and hold nothing.
+BYTES outputs are decoded into object arrays (a copy) and hold nothing. So is any output of at
+least ``copy_bytes`` (``answer_from``; the BLS client passes half the callee's arena): a model
+that keeps such an answer alive while it makes its next call (``r = call(big); r = call(small)``
+keeps the first answer until the second returns) would leave the callee no room for the next
+output, so the bytes are copied out and the lease is given back at once.
 
 Threads: ``answer_from`` runs on the BLS link thread (it owns the region cache). Tokens die on
 whatever thread drops the last array; ``release`` must be thread-safe and must not block (it
@@ -104,16 +108,18 @@ def shared_array(view: memoryview, datatype: str, shape: list[int],
     return np.asarray(SharedOutput(view, dtype, shape, token))
 
 
-def answer_from(response: InferResponse, view_of: ViewOf, release: Release) -> BlsAnswer:
+def answer_from(response: InferResponse, view_of: ViewOf, release: Release,
+                copy_bytes: int | None = None) -> BlsAnswer:
     """The broker's answer as arrays over shared memory. The lease is released at once when the
-    answer failed or holds no fixed-size output, else when the last array is gone."""
+    answer failed or holds no fixed-size output left in shared memory (outputs of at least
+    ``copy_bytes`` bytes are copied out), else when the last array is gone."""
     if response.error is not None:
         if response.lease is not None:
             release(response.lease)
         return BlsAnswer(error=response.error, final=response.final)
     token = LeaseToken(response.lease, release) if response.lease is not None else None
     try:
-        outputs = [BlsOutput(ref.name, ref.datatype, _array(ref, view_of, token))
+        outputs = [BlsOutput(ref.name, ref.datatype, _array(ref, view_of, token, copy_bytes))
                    for ref in response.outputs]
     except ShoalError as exc:
         if token is not None:
@@ -124,7 +130,8 @@ def answer_from(response: InferResponse, view_of: ViewOf, release: Release) -> B
     return BlsAnswer(outputs, dict(response.parameters), None, response.final)
 
 
-def _array(ref: TensorRef, view_of: ViewOf, token: LeaseToken | None) -> npt.NDArray[Any]:
+def _array(ref: TensorRef, view_of: ViewOf, token: LeaseToken | None,
+           copy_bytes: int | None = None) -> npt.NDArray[Any]:
     if ref.cuda is not None or not dtypes.is_datatype(ref.datatype):
         raise ShoalError(ErrorCode.INTERNAL, f"output '{ref.name}' cannot be read")
     view = view_of(ref)
@@ -134,6 +141,8 @@ def _array(ref: TensorRef, view_of: ViewOf, token: LeaseToken | None) -> npt.NDA
         raise ShoalError(ErrorCode.INTERNAL, f"output '{ref.name}' has {view.nbytes} bytes, "
                                              f"its shape {list(ref.shape)} needs "
                                              f"{tensor_nbytes(ref.datatype, ref.shape)}")
+    if copy_bytes is not None and view.nbytes >= copy_bytes:
+        return np.array(shared_array(view, ref.datatype, list(ref.shape), None))  # a copy
     return shared_array(view, ref.datatype, list(ref.shape), token)
 
 
@@ -146,7 +155,9 @@ class CalleeMemory:
     segment is dropped when a lease that lent it is given back (views still alive keep their
     pages until they go; a later answer in the same segment, kept and reused, maps it again)."""
 
-    def __init__(self, segment_prefix: str, segment_bytes: int) -> None:
+    def __init__(self, segment_prefix: str, segment_bytes: int,
+                 copy_bytes: int | None = None) -> None:
+        self.copy_bytes = copy_bytes  # outputs this large are copied out (``answer_from``)
         self._cache = RegionCache(segment_prefix)
         self._segment_bytes = segment_bytes
         self._dedicated: dict[tuple[str, int], set[str]] = {}

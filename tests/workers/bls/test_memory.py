@@ -109,3 +109,16 @@ def test_an_output_that_does_not_match_its_shape_is_an_error() -> None:
     assert answer.error is not None and "needs 16" in answer.error.message
     assert answer.final is False
     assert memory.released == [LEASE]
+
+
+def test_outputs_of_at_least_copy_bytes_are_copied_and_the_lease_given_back_at_once() -> None:
+    memory = Memory()
+    answer = answer_from(_fp32_response(memory, [1, 2, 3, 4]), memory.view_of,
+                         memory.released.append, copy_bytes=16)
+    array = answer.outputs[0].array
+    assert array.tolist() == [1, 2, 3, 4] and array.flags.owndata
+    assert memory.released == [LEASE]  # the callee may reuse the memory while array lives
+    small = answer_from(_fp32_response(memory, [1, 2, 3, 4]), memory.view_of,
+                        memory.released.append, copy_bytes=17)
+    assert isinstance(small.outputs[0].array.base, SharedOutput)
+    assert memory.released == [LEASE]
