@@ -39,9 +39,9 @@ from tritonclient.grpc._utils import _get_inference_request
 from bench import report, servers
 from bench.sections import write_marked_section
 from bench.shm_bench import MODEL, shoal_server, timed
+from shoal.frontend.core.validation import InferPlan
 from shoal.frontend.grpc.encode import encode_infer_response
 from shoal.frontend.grpc.wire import parse_infer_request
-from shoal.frontend.http.validation import InferPlan
 from shoal.messages import InferResponse, TensorRef
 
 BEGIN, END = "<!-- grpc-large-benchmark:begin -->", "<!-- grpc-large-benchmark:end -->"

@@ -21,10 +21,10 @@ from typing import Any, Final
 import uvicorn
 import uvloop
 
-from shoal.frontend.dataplane_impl import FrontendDataPlane
+from shoal.frontend.core.dataplane_impl import FrontendDataPlane
+from shoal.frontend.core.log_settings import LogSettings, ProcessLogSettings
 from shoal.frontend.http.app import create_asgi_app
 from shoal.frontend.http.guard import HttpLimits, guarded_protocol
-from shoal.frontend.http.log_settings import LogSettings, ProcessLogSettings
 from shoal.frontend.http.restricted import restrict_metrics_app
 from shoal.frontend.limits import (
     log_descriptor_budget,

@@ -19,7 +19,7 @@ from typing import ClassVar, Final, Protocol, TypeVar
 
 from shoal import dtypes
 from shoal.errors import ErrorCode, ShoalError, invalid_arg, not_found, unavailable, unsupported
-from shoal.frontend.shm_checks import (
+from shoal.frontend.core.shm_checks import (
     check_bytes_framing,
     check_region_name,
     object_size,

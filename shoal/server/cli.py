@@ -71,7 +71,7 @@ def _rate_limit_resource(text: str) -> tuple[str, int, int]:
 
 
 def _forward_pattern(text: str) -> str:
-    from shoal.frontend.header_forward import compile_pattern
+    from shoal.frontend.core.header_forward import compile_pattern
 
     try:
         compile_pattern(text)

@@ -148,7 +148,7 @@ class Supervisor:
     def remove_arena(self, pid: int) -> None:
         """A dead frontend's input arena (workers that still read an input keep their mapping;
         one not mapped yet fails only that request, whose answer has nowhere to go)."""
-        from shoal.frontend.dataplane_impl import frontend_identity
+        from shoal.frontend.core.dataplane_impl import frontend_identity
 
         remove_segments_with_prefix(f"{self.settings.segment_prefix}{frontend_identity(pid)}-")
 

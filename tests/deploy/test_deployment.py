@@ -11,7 +11,7 @@ from typing import Any, cast
 import yaml
 from starlette.routing import Route
 
-from shoal.frontend.dataplane import DataPlane
+from shoal.frontend.core.dataplane import DataPlane
 from shoal.frontend.metrics import create_metrics_app, render_prometheus
 from shoal.messages.frontend import Duration, ModelStats
 from shoal.server.supervisor import _LEAVE_WAIT_S

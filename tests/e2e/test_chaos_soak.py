@@ -1,9 +1,10 @@
 """The chaos soak's 45-second version (the soaks themselves are benchmarks: ``make bench-chaos``
 runs 30 minutes, ``python -m bench.chaos_soak --minutes 2 --no-write`` the 2-minute one this test
 used to be): 32 clients mixing HTTP JSON, HTTP binary, gRPC, system shared memory and gRPC
-streams while workers are SIGKILLed or SIGSTOPped every ~5 s and a model is reloaded every 15 s. Every request gets exactly one answer,
-none comes after its deadline, every success is correct, the long-lived processes' RSS and the
-server's /dev/shm stay flat, and nothing survives the stop."""
+streams while workers are SIGKILLed or SIGSTOPped every ~5 s and a model is reloaded every 15 s.
+Every request gets exactly one answer, none comes after its deadline, every success is correct,
+the long-lived processes' RSS and the server's /dev/shm stay flat, and nothing survives the
+stop."""
 
 from __future__ import annotations
 

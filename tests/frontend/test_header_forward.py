@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from shoal.frontend.header_forward import compile_pattern, forwarded_parameters, with_forwarded
+from shoal.frontend.core.header_forward import compile_pattern, forwarded_parameters, with_forwarded
 
 HEADERS = [("my_header_1", "a"), ("MY_HEADER_2", "b"), ("other", "c"), ("x-my_header", "d")]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from shoal.errors import ErrorCode, ShoalError
-from shoal.frontend import model_lookup
+from shoal.frontend.core import model_lookup
 from shoal.messages import ModelVersionInfo, ModelVersionState
 from tests.frontend.http.fakes import make_model
 

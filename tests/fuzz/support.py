@@ -26,11 +26,11 @@ import msgspec
 from hypothesis import HealthCheck, settings
 
 from shoal.errors import ErrorCode, ShoalError
-from shoal.frontend.dataplane import InferOutcome
+from shoal.frontend.core.dataplane import InferOutcome
+from shoal.frontend.core.prepare import prepare_request
+from shoal.frontend.core.validation import validate_request
 from shoal.frontend.http.codec import DecodedRequest
 from shoal.frontend.http.errors import HTTP_STATUS
-from shoal.frontend.http.validation import validate_request
-from shoal.frontend.infer_common import prepare_request
 from shoal.frontend.shm_registry import ClientSharedMemoryRegistry
 from shoal.messages import InferRequest, ModelVersionInfo, TensorSpec, encode
 from shoal.settings import Settings

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shoal.frontend.shm_params import SHM_KEYS, decode_shared_memory
+from shoal.frontend.core.shm_params import SHM_KEYS, decode_shared_memory
 from shoal.frontend.shm_registry import ClientSharedMemoryRegistry
 from tests.fuzz.strategies import ints, json_values
 from tests.fuzz.support import (

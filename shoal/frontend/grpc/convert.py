@@ -23,6 +23,15 @@ import numpy as np
 
 from shoal import dtypes
 from shoal.errors import ShoalError, invalid_arg
+from shoal.frontend.core.shm_params import (
+    SHM_BYTE_SIZE,
+    SHM_KEYS,
+    SHM_OFFSET,
+    SHM_REGION,
+    SharedMemorySlice,
+    check_output_shm,
+)
+from shoal.frontend.core.validation import datatype_mismatch, tagged, unexpected_input
 from shoal.frontend.http.codec import (
     SEQUENCE_END,
     SEQUENCE_START,
@@ -33,15 +42,6 @@ from shoal.frontend.http.codec import (
     add_output_parameter,
     checked_element_count,
     string_correlation_id,
-)
-from shoal.frontend.http.validation import datatype_mismatch, tagged, unexpected_input
-from shoal.frontend.shm_params import (
-    SHM_BYTE_SIZE,
-    SHM_KEYS,
-    SHM_OFFSET,
-    SHM_REGION,
-    SharedMemorySlice,
-    check_output_shm,
 )
 from shoal.messages import ModelVersionInfo, ParamValue
 

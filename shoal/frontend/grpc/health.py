@@ -16,7 +16,7 @@ import grpc
 from shoal.errors import invalid_arg
 
 if TYPE_CHECKING:
-    from shoal.frontend.dataplane import DataPlane
+    from shoal.frontend.core.dataplane import DataPlane
 
 SERVICE_NAME: Final = "grpc.health.v1.Health"
 SERVING: Final = 1

@@ -42,6 +42,9 @@ import grpc
 from tritonclient.grpc import service_pb2 as pb
 
 from shoal.errors import ErrorCode, ShoalError, unsupported
+from shoal.frontend.core.header_forward import forwarded_parameters, with_forwarded
+from shoal.frontend.core.prepare import PreparedRequest, closing, prepare_request
+from shoal.frontend.core.validation import validate_request
 from shoal.frontend.grpc.convert import DecodedGrpcRequest, decode_model_infer_request
 from shoal.frontend.grpc.encode import (
     encode_infer_response,
@@ -51,9 +54,6 @@ from shoal.frontend.grpc.encode import (
 )
 from shoal.frontend.grpc.status import INTERNAL_ERROR_MESSAGE, status_for
 from shoal.frontend.grpc.wire import InferRequestWire, wire_request
-from shoal.frontend.header_forward import forwarded_parameters, with_forwarded
-from shoal.frontend.http.validation import validate_request
-from shoal.frontend.infer_common import PreparedRequest, closing, prepare_request
 from shoal.trace.record import (
     GRPC_SEND_END,
     GRPC_SEND_START,
@@ -64,8 +64,8 @@ from shoal.trace.record import (
 )
 
 if TYPE_CHECKING:
-    from shoal.frontend.dataplane import DataPlane, InferOutcome
-    from shoal.frontend.http.validation import InferPlan
+    from shoal.frontend.core.dataplane import DataPlane, InferOutcome
+    from shoal.frontend.core.validation import InferPlan
     from shoal.messages import ModelVersionInfo, Params
     from shoal.trace.sampling import Tracer
 

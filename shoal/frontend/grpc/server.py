@@ -24,16 +24,16 @@ from typing import TYPE_CHECKING, Any, Final
 
 import grpc
 
+from shoal.frontend.core.log_settings import LogSettings, ProcessLogSettings
 from shoal.frontend.grpc.handlers import add_inference_service
 from shoal.frontend.grpc.health import health_handler
 from shoal.frontend.grpc.restricted import restricted_interceptors
 from shoal.frontend.grpc.service import InferenceServicer
-from shoal.frontend.http.log_settings import LogSettings, ProcessLogSettings
 from shoal.frontend.restricted import RestrictedApis
 from shoal.settings import Settings
 
 if TYPE_CHECKING:
-    from shoal.frontend.dataplane import DataPlane
+    from shoal.frontend.core.dataplane import DataPlane
     from shoal.trace.sampling import Tracer
 
 MAX_MESSAGE_BYTES: Final = 2**31 - 1  # INT32_MAX, as Triton and tritonclient use

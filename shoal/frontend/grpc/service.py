@@ -23,15 +23,14 @@ from tritonclient.grpc import service_pb2 as pb
 
 from shoal.config.model_config import config_from_json
 from shoal.errors import ShoalError, invalid_arg, unavailable
-from shoal.frontend import model_lookup
+from shoal.frontend.core import documents, model_lookup
+from shoal.frontend.core.header_forward import compile_pattern
+from shoal.frontend.core.model_control import ModelControl, require_model_control
 from shoal.frontend.cuda_shm import CUDA_SHM_NO_DEVICE as CUDA_SHM_NO_DEVICE
 from shoal.frontend.cuda_shm import register_cuda_region
 from shoal.frontend.grpc.convert import parameter_value
 from shoal.frontend.grpc.inference import GrpcInference
 from shoal.frontend.grpc.status import INTERNAL_ERROR_MESSAGE, abort, guarded
-from shoal.frontend.header_forward import compile_pattern
-from shoal.frontend.http import documents
-from shoal.frontend.http.app import ModelControl, require_model_control
 from shoal.frontend.http.trace_api import check_trace_model
 from shoal.settings import Settings
 from shoal.trace.config import TraceConfig
@@ -39,8 +38,8 @@ from shoal.trace.sampling import Tracer
 from shoal.trace.values import parse_grpc_change
 
 if TYPE_CHECKING:
-    from shoal.frontend.dataplane import DataPlane
-    from shoal.frontend.http.log_settings import ProcessLogSettings
+    from shoal.frontend.core.dataplane import DataPlane
+    from shoal.frontend.core.log_settings import ProcessLogSettings
 
 SERVER_EXITING: Final = "Server exiting"
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Final
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -24,10 +24,11 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute
 from starlette.types import ASGIApp
 
-from shoal.errors import ShoalError, invalid_arg, unavailable, unsupported
-from shoal.frontend import model_lookup
-from shoal.frontend.header_forward import compile_pattern
-from shoal.frontend.http import documents
+from shoal.errors import ShoalError, invalid_arg
+from shoal.frontend.core import documents, model_lookup
+from shoal.frontend.core.header_forward import compile_pattern
+from shoal.frontend.core.log_settings import LogSettings, ProcessLogSettings
+from shoal.frontend.core.model_control import ModelControl, require_model_control
 from shoal.frontend.http.endpoint import Endpoint
 from shoal.frontend.http.errors import (
     JSON_CONTENT_TYPE,
@@ -39,43 +40,19 @@ from shoal.frontend.http.errors import (
 from shoal.frontend.http.generate import GenerateHandler
 from shoal.frontend.http.infer import InferHandler, read_body
 from shoal.frontend.http.jsonparse import parse_json_object
-from shoal.frontend.http.log_settings import LogSettings, ProcessLogSettings
 from shoal.frontend.http.openai_api.routes import OpenAiApi
 from shoal.frontend.http.restricted import ApiRoute, gate_routes
 from shoal.frontend.http.shared_memory import SharedMemoryApi
 from shoal.frontend.http.trace_api import TraceApi
 from shoal.frontend.restricted import ApiCategory, RestrictedApis
-from shoal.settings import ModelControlMode, Settings
+from shoal.settings import Settings
 from shoal.trace.config import TraceConfig
 from shoal.trace.sampling import Tracer
 
 if TYPE_CHECKING:
-    from shoal.frontend.dataplane import DataPlane
+    from shoal.frontend.core.dataplane import DataPlane
 
 logger = logging.getLogger(__name__)
-
-
-
-@runtime_checkable
-class ModelControl(Protocol):
-    """Optional DataPlane extension for ``--model-control-mode=explicit``. ``parameters`` holds
-    the load request's ``config`` (JSON text) and ``file:<path>`` entries (decoded bytes)."""
-
-    async def load_model(self, name: str, parameters: Mapping[str, str | bytes]) -> None: ...
-
-    async def unload_model(self, name: str, unload_dependents: bool) -> None: ...
-
-
-def require_model_control(settings: Settings, control: ModelControl | None,
-                          repository_named: bool) -> ModelControl:
-    """The load / unload gate shared by HTTP and gRPC, with Triton's messages."""
-    if repository_named:
-        raise unsupported("'repository_name' specification is not supported")
-    if settings.model_control_mode is not ModelControlMode.EXPLICIT:
-        raise unavailable("explicit model load / unload is not allowed if polling is enabled")
-    if control is None:
-        raise unsupported("model load / unload is not supported by this server")
-    return control
 
 
 def guarded(endpoint: Endpoint) -> Endpoint:

@@ -18,15 +18,15 @@ from typing import Any, Final
 
 from shoal import correlation_ids, dtypes
 from shoal.errors import ShoalError, invalid_arg, unsupported
-from shoal.frontend.http.json_tensors import json_tensor_bytes, may_hold_booleans
-from shoal.frontend.http.jsonparse import parse_json_object
-from shoal.frontend.shm_params import (
+from shoal.frontend.core.shm_params import (
     INT64_MAX,
     SHM_KEYS,
     SharedMemorySlice,
     check_output_shm,
     decode_shared_memory,
 )
+from shoal.frontend.http.json_tensors import json_tensor_bytes, may_hold_booleans
+from shoal.frontend.http.jsonparse import parse_json_object
 from shoal.messages import ModelVersionInfo, Params, ParamValue
 
 UINT64_MAX: Final = (1 << 64) - 1

@@ -57,6 +57,8 @@ from starlette.responses import Response, StreamingResponse
 
 from shoal import dtypes
 from shoal.errors import ErrorCode, ShoalError, invalid_arg
+from shoal.frontend.core.prepare import closing, prepare_request
+from shoal.frontend.core.validation import duplicate_input, tagged, validate_request
 from shoal.frontend.http.codec import (
     DecodedInput,
     DecodedRequest,
@@ -67,12 +69,10 @@ from shoal.frontend.http.infer import read_body
 from shoal.frontend.http.json_tensors import flatten, json_tensor_bytes, json_type_error
 from shoal.frontend.http.jsonparse import parse_json_pairs
 from shoal.frontend.http.response import json_data
-from shoal.frontend.http.validation import duplicate_input, tagged, validate_request
-from shoal.frontend.infer_common import closing, prepare_request
 from shoal.messages import InferRequest, InferResponse, ModelVersionInfo, TensorRef, TensorSpec
 
 if TYPE_CHECKING:
-    from shoal.frontend.dataplane import DataPlane, InferOutcome
+    from shoal.frontend.core.dataplane import DataPlane, InferOutcome
     from shoal.shm.arena import Slot
 
 SSE_CONTENT_TYPE: Final = "text/event-stream; charset=utf-8"

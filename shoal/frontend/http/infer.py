@@ -24,16 +24,16 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from shoal.errors import unsupported
-from shoal.frontend.header_forward import forwarded_parameters, with_forwarded
+from shoal.frontend.core.header_forward import forwarded_parameters, with_forwarded
+from shoal.frontend.core.prepare import BodySlot, prepare_request
+from shoal.frontend.core.validation import InferPlan, validate_request
 from shoal.frontend.http import compression
 from shoal.frontend.http.codec import DecodedRequest, decode_infer_request
 from shoal.frontend.http.response import encode_infer_response
-from shoal.frontend.http.validation import InferPlan, validate_request
-from shoal.frontend.infer_common import BodySlot, prepare_request
 from shoal.messages import Lease, ModelVersionInfo
 
 if TYPE_CHECKING:
-    from shoal.frontend.dataplane import DataPlane
+    from shoal.frontend.core.dataplane import DataPlane
     from shoal.trace.record import RequestTrace
 
 logger = logging.getLogger(__name__)

@@ -44,14 +44,14 @@ from starlette.responses import Response
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 
 from shoal.errors import ShoalError
+from shoal.frontend.core.prepare import IN_PLACE_ALIGNMENT, BodySlot
 from shoal.frontend.http import compression
 from shoal.frontend.http.errors import internal_error_response, shoal_error_response
 from shoal.frontend.http.infer import HEADER_LENGTH, INFER_PATH, InferHandler, InferReply
-from shoal.frontend.infer_common import IN_PLACE_ALIGNMENT, BodySlot
 from shoal.trace.record import HTTP_RECV_END, HTTP_RECV_START, HTTP_SEND_END, HTTP_SEND_START
 
 if TYPE_CHECKING:
-    from shoal.frontend.dataplane import DataPlane
+    from shoal.frontend.core.dataplane import DataPlane
     from shoal.frontend.http.guard import GuardedHttpProtocol
     from shoal.frontend.http.restricted import HttpGate
     from shoal.trace.record import RequestTrace

@@ -23,7 +23,7 @@ import orjson
 
 from shoal import dtypes
 from shoal.errors import internal, invalid_arg
-from shoal.frontend.http.validation import CLASSIFIABLE, InferPlan, OutputPlan
+from shoal.frontend.core.validation import CLASSIFIABLE, InferPlan, OutputPlan
 from shoal.messages import InferResponse, TensorRef
 
 _LENGTH = struct.Struct("<I")

@@ -35,7 +35,7 @@ from shoal.frontend.restricted import ApiCategory
 from shoal.frontend.shm_registry import DISABLED_MESSAGE
 
 if TYPE_CHECKING:
-    from shoal.frontend.dataplane import DataPlane
+    from shoal.frontend.core.dataplane import DataPlane
     from shoal.frontend.shm_registry import SharedMemoryRegistry
     from shoal.settings import Settings
 

@@ -30,7 +30,7 @@ from shoal.frontend.restricted import ApiCategory
 from shoal.trace.values import parse_http_change
 
 if TYPE_CHECKING:
-    from shoal.frontend.dataplane import DataPlane
+    from shoal.frontend.core.dataplane import DataPlane
     from shoal.trace.sampling import Tracer
 
 Endpoint = Callable[[Request], Awaitable[Response]]

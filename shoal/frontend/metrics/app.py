@@ -52,7 +52,7 @@ from shoal.messages import (
 from shoal.settings import Settings
 
 if TYPE_CHECKING:
-    from shoal.frontend.dataplane import DataPlane
+    from shoal.frontend.core.dataplane import DataPlane
 
 logger = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from shoal.errors import ErrorCode, invalid_arg
-from shoal.frontend.dataplane import InferOutcome
+from shoal.frontend.core.dataplane import InferOutcome
 from shoal.frontend.shm_registry import RegionStatus
 from shoal.messages import Error, InferRequest, InferResponse, Lease, OutputTarget, TensorRef
 from shoal.shm.arena import Slot

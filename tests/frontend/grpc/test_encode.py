@@ -11,6 +11,8 @@ import pytest
 from tritonclient.grpc import service_pb2 as pb
 
 from shoal.errors import ErrorCode, invalid_arg
+from shoal.frontend.core.shm_params import SharedMemorySlice
+from shoal.frontend.core.validation import InferPlan, OutputPlan
 from shoal.frontend.grpc.encode import (
     FINAL_RESPONSE,
     encode_infer_response,
@@ -25,8 +27,6 @@ from shoal.frontend.grpc.health import (
     serialize_check_response,
 )
 from shoal.frontend.grpc.status import GRPC_STATUS, status_for
-from shoal.frontend.http.validation import InferPlan, OutputPlan
-from shoal.frontend.shm_params import SharedMemorySlice
 from shoal.messages import InferResponse, TensorRef
 
 OUTPUTS: dict[str, np.ndarray[Any, Any]] = {

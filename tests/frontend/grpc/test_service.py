@@ -17,13 +17,13 @@ from starlette.testclient import TestClient
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
+from shoal.frontend.core.log_settings import ProcessLogSettings
 from shoal.frontend.grpc.convert import EMPTY_FINAL_RESPONSE
 from shoal.frontend.grpc.encode import FINAL_RESPONSE
 from shoal.frontend.grpc.inference import DECOUPLED_UNARY_MESSAGE
 from shoal.frontend.grpc.server import create_grpc_server
 from shoal.frontend.http import response
 from shoal.frontend.http.app import create_app
-from shoal.frontend.http.log_settings import ProcessLogSettings
 from shoal.messages import TensorSpec
 from shoal.settings import Settings
 from tests.e2e.server import free_port

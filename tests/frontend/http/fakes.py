@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 import orjson
 
 from shoal.errors import ShoalError
-from shoal.frontend import model_lookup
-from shoal.frontend.dataplane import InferOutcome
+from shoal.frontend.core import model_lookup
+from shoal.frontend.core.dataplane import InferOutcome
 from shoal.messages import (
     Duration,
     Error,

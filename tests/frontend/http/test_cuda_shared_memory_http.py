@@ -16,7 +16,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from shoal.frontend import cuda_shm
-from shoal.frontend.dataplane import InferOutcome
+from shoal.frontend.core.dataplane import InferOutcome
 from shoal.frontend.http.app import create_app
 from shoal.frontend.shm_registry import ClientSharedMemoryRegistry
 from shoal.messages import CudaHandle, InferRequest, InferResponse, TensorRef

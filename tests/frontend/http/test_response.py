@@ -11,8 +11,8 @@ import orjson
 import pytest
 
 from shoal.errors import ErrorCode, ShoalError
+from shoal.frontend.core.validation import InferPlan, OutputPlan
 from shoal.frontend.http.response import classify, encode_infer_response, json_data
-from shoal.frontend.http.validation import InferPlan, OutputPlan
 from shoal.messages import InferResponse, TensorRef
 
 

@@ -19,11 +19,11 @@ from starlette.testclient import TestClient
 
 from shoal.dtypes import numpy_dtype
 from shoal.errors import ErrorCode, ShoalError, invalid_arg
-from shoal.frontend.dataplane import InferOutcome
+from shoal.frontend.core.dataplane import InferOutcome
+from shoal.frontend.core.shm_params import SharedMemorySlice
+from shoal.frontend.core.validation import validate_request
 from shoal.frontend.http.app import create_app
 from shoal.frontend.http.codec import decode_infer_request
-from shoal.frontend.http.validation import validate_request
-from shoal.frontend.shm_params import SharedMemorySlice
 from shoal.frontend.shm_registry import ClientSharedMemoryRegistry
 from shoal.messages import InferRequest, InferResponse, Lease, TensorRef, TensorSpec
 from shoal.settings import Settings

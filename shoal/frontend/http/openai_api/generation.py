@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from shoal.errors import ShoalError
+from shoal.frontend.core.prepare import closing, prepare_request
+from shoal.frontend.core.validation import validate_request
 from shoal.frontend.http.codec import OutputRequest
 from shoal.frontend.http.generate import decode_generate_request, output_value
 from shoal.frontend.http.openai_api.errors import OpenAiError, invalid
@@ -34,12 +36,10 @@ from shoal.frontend.http.openai_api.logprobs import (
 from shoal.frontend.http.openai_api.params import GenerationParams
 from shoal.frontend.http.openai_api.response_format import openai_message, require_guide_inputs
 from shoal.frontend.http.openai_api.stops import StopScanner
-from shoal.frontend.http.validation import validate_request
-from shoal.frontend.infer_common import closing, prepare_request
 from shoal.messages import ModelVersionInfo
 
 if TYPE_CHECKING:
-    from shoal.frontend.dataplane import DataPlane
+    from shoal.frontend.core.dataplane import DataPlane
 
 OUTPUTS: Final = ("text_output", "prompt_tokens", "completion_tokens", "finish_reason")
 # backend input names -> the OpenAI parameter a backend error about them concerns

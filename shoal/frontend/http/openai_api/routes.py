@@ -30,6 +30,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 
 from shoal.errors import ErrorCode, ShoalError
+from shoal.frontend.core.prepare import closing
 from shoal.frontend.http.errors import INTERNAL_ERROR_MESSAGE, json_response
 from shoal.frontend.http.generate import SSE_CONTENT_TYPE
 from shoal.frontend.http.infer import read_body
@@ -44,12 +45,11 @@ from shoal.frontend.http.openai_api.generation import Generation, Piece, require
 from shoal.frontend.http.openai_api.logprobs import Entry, LogprobsShaper
 from shoal.frontend.http.openai_api.params import GenerationParams, parse_params
 from shoal.frontend.http.restricted import ApiRoute
-from shoal.frontend.infer_common import closing
 from shoal.frontend.restricted import ApiCategory
 from shoal.messages import ModelVersionInfo
 
 if TYPE_CHECKING:
-    from shoal.frontend.dataplane import DataPlane
+    from shoal.frontend.core.dataplane import DataPlane
 
 logger = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ import struct
 from typing import Final
 
 from shoal.errors import invalid_arg, unavailable
-from shoal.frontend.http.validation import (
+from shoal.frontend.core.validation import (
     short_length_indicator,
     short_string_data,
     too_many_strings,

@@ -17,16 +17,16 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, TypeVar
 
-from shoal.frontend.http.validation import RequestCheckError, tagged
+from shoal.frontend.core.validation import RequestCheckError, tagged
 from shoal.messages import InferRequest, ModelVersionInfo, RequestedOutput, TensorRef
 
 _Item = TypeVar("_Item")
 IN_PLACE_ALIGNMENT: Final = 64  # an input referenced inside a body slot starts this aligned
 
 if TYPE_CHECKING:
-    from shoal.frontend.dataplane import DataPlane
+    from shoal.frontend.core.dataplane import DataPlane
+    from shoal.frontend.core.validation import InferPlan
     from shoal.frontend.http.codec import DecodedRequest
-    from shoal.frontend.http.validation import InferPlan
     from shoal.shm.arena import Slot
     from shoal.trace.record import RequestTrace
 

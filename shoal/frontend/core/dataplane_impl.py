@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Final
 
 from shoal.config.load_overrides import check_load_parameters, check_model_name
 from shoal.errors import ErrorCode, ShoalError, unavailable
-from shoal.frontend import model_lookup
 from shoal.frontend.broker_client import BrokerClient
-from shoal.frontend.dataplane import InferOutcome
+from shoal.frontend.core import model_lookup
+from shoal.frontend.core.dataplane import InferOutcome
 from shoal.frontend.response_cache import CacheProbe, ResponseCache
 from shoal.frontend.response_cache.entries import CACHE_LEASE
 from shoal.messages import (
