@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 
 from shoal.errors import ErrorCode, ShoalError
+from shoal.frontend.core.decoded import DecodedInput, DecodedRequest
 from shoal.frontend.core.prepare import prepare_request
 from shoal.frontend.core.shm_params import SharedMemorySlice
 from shoal.frontend.core.validation import validate_request
-from shoal.frontend.http.codec import DecodedInput, DecodedRequest
 from shoal.frontend.shm_registry import ClientSharedMemoryRegistry, RegionStatus
 from shoal.messages import OutputTarget, TensorSpec
 from shoal.settings import Settings

@@ -27,9 +27,9 @@ from hypothesis import HealthCheck, settings
 
 from shoal.errors import ErrorCode, ShoalError
 from shoal.frontend.core.dataplane import InferOutcome
+from shoal.frontend.core.decoded import DecodedRequest
 from shoal.frontend.core.prepare import prepare_request
 from shoal.frontend.core.validation import validate_request
-from shoal.frontend.http.codec import DecodedRequest
 from shoal.frontend.http.errors import HTTP_STATUS
 from shoal.frontend.shm_registry import ClientSharedMemoryRegistry
 from shoal.messages import InferRequest, ModelVersionInfo, TensorSpec, encode

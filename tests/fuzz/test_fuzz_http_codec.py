@@ -15,12 +15,8 @@ from hypothesis import strategies as st
 
 from shoal import dtypes
 from shoal.errors import ErrorCode
-from shoal.frontend.http.codec import (
-    DecodedRequest,
-    decode_infer_request,
-    decode_request_parameters,
-    split_body,
-)
+from shoal.frontend.core.decoded import DecodedRequest
+from shoal.frontend.http.codec import decode_infer_request, decode_request_parameters, split_body
 from shoal.frontend.http.json_tensors import json_tensor_bytes
 from shoal.frontend.http.jsonparse import parse_json, parse_json_object
 from shoal.messages import ModelVersionInfo

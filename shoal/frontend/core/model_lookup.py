@@ -27,7 +27,7 @@ model version is not available for model 'x'" when the version asked for is not 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Final
+from typing import Final, Protocol
 
 from shoal.errors import invalid_arg, not_found, unavailable
 from shoal.messages import ModelVersionInfo
@@ -121,3 +121,13 @@ def stats_version(text: str | None) -> int:
     number = parse_version(text)
     return -1 if number is None else number
 
+
+
+class _ReadyProbe(Protocol):
+    def model_ready(self, name: str, version: str | None) -> bool: ...
+
+
+def check_trace_model(dataplane: _ReadyProbe, model: str) -> None:
+    """A model's trace settings need the model ready (any version), as Triton (HTTP and gRPC)."""
+    if model and not dataplane.model_ready(model, None):
+        raise invalid_arg(f"Request for unknown model : {model}")

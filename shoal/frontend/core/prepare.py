@@ -25,8 +25,8 @@ IN_PLACE_ALIGNMENT: Final = 64  # an input referenced inside a body slot starts 
 
 if TYPE_CHECKING:
     from shoal.frontend.core.dataplane import DataPlane
+    from shoal.frontend.core.decoded import DecodedRequest
     from shoal.frontend.core.validation import InferPlan
-    from shoal.frontend.http.codec import DecodedRequest
     from shoal.shm.arena import Slot
     from shoal.trace.record import RequestTrace
 

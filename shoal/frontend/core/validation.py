@@ -16,13 +16,8 @@ from typing import Final
 
 from shoal import dtypes
 from shoal.errors import ErrorCode, ShoalError, invalid_arg
+from shoal.frontend.core.decoded import DecodedInput, DecodedRequest, format_dims, request_tag
 from shoal.frontend.core.shm_params import SharedMemorySlice
-from shoal.frontend.http.codec import (
-    DecodedInput,
-    DecodedRequest,
-    format_dims,
-    request_tag,
-)
 from shoal.messages import ModelVersionInfo, Params, TensorSpec
 
 CLASSIFIABLE: Final = frozenset({

@@ -23,16 +23,7 @@ import numpy as np
 
 from shoal import dtypes
 from shoal.errors import ShoalError, invalid_arg
-from shoal.frontend.core.shm_params import (
-    SHM_BYTE_SIZE,
-    SHM_KEYS,
-    SHM_OFFSET,
-    SHM_REGION,
-    SharedMemorySlice,
-    check_output_shm,
-)
-from shoal.frontend.core.validation import datatype_mismatch, tagged, unexpected_input
-from shoal.frontend.http.codec import (
+from shoal.frontend.core.decoded import (
     SEQUENCE_END,
     SEQUENCE_START,
     UINT64_MAX,
@@ -43,6 +34,15 @@ from shoal.frontend.http.codec import (
     checked_element_count,
     string_correlation_id,
 )
+from shoal.frontend.core.shm_params import (
+    SHM_BYTE_SIZE,
+    SHM_KEYS,
+    SHM_OFFSET,
+    SHM_REGION,
+    SharedMemorySlice,
+    check_output_shm,
+)
+from shoal.frontend.core.validation import datatype_mismatch, tagged, unexpected_input
 from shoal.messages import ModelVersionInfo, ParamValue
 
 EMPTY_FINAL_RESPONSE: Final = "triton_enable_empty_final_response"

@@ -19,9 +19,9 @@ from typing import Any, Final
 
 from tritonclient.grpc import service_pb2 as pb
 
+from shoal.frontend.core.classification import classify
 from shoal.frontend.core.validation import InferPlan
 from shoal.frontend.grpc.wire import serialize_infer_response
-from shoal.frontend.http.response import classify
 from shoal.messages import InferResponse, ParamValue, TensorRef
 
 FINAL_RESPONSE: Final = "triton_final_response"

@@ -26,12 +26,12 @@ from shoal.errors import ShoalError, invalid_arg, unavailable
 from shoal.frontend.core import documents, model_lookup
 from shoal.frontend.core.header_forward import compile_pattern
 from shoal.frontend.core.model_control import ModelControl, require_model_control
+from shoal.frontend.core.model_lookup import check_trace_model
 from shoal.frontend.cuda_shm import CUDA_SHM_NO_DEVICE as CUDA_SHM_NO_DEVICE
 from shoal.frontend.cuda_shm import register_cuda_region
 from shoal.frontend.grpc.convert import parameter_value
 from shoal.frontend.grpc.inference import GrpcInference
 from shoal.frontend.grpc.status import INTERNAL_ERROR_MESSAGE, abort, guarded
-from shoal.frontend.http.trace_api import check_trace_model
 from shoal.settings import Settings
 from shoal.trace.config import TraceConfig
 from shoal.trace.sampling import Tracer

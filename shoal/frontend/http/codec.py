@@ -13,71 +13,36 @@ Binary inputs are zero-copy views of the body; JSON inputs are converted once he
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass, field
 from typing import Any, Final
 
-from shoal import correlation_ids, dtypes
-from shoal.errors import ShoalError, invalid_arg, unsupported
+from shoal import dtypes
+from shoal.errors import ShoalError, invalid_arg
+from shoal.frontend.core.decoded import (
+    SEQUENCE_END,
+    SEQUENCE_START,
+    UINT64_MAX,
+    DecodedInput,
+    DecodedRequest,
+    OutputRequest,
+    add_output_parameter,
+    checked_element_count,
+    custom_parameter,
+    request_tag,
+    string_correlation_id,
+)
 from shoal.frontend.core.shm_params import (
     INT64_MAX,
     SHM_KEYS,
-    SharedMemorySlice,
     check_output_shm,
     decode_shared_memory,
 )
 from shoal.frontend.http.json_tensors import json_tensor_bytes, may_hold_booleans
 from shoal.frontend.http.jsonparse import parse_json_object
-from shoal.messages import ModelVersionInfo, Params, ParamValue
+from shoal.messages import ModelVersionInfo
 
-UINT64_MAX: Final = (1 << 64) - 1
-SEQUENCE_START: Final = 1
-SEQUENCE_END: Final = 2
 _LENGTH = struct.Struct("<I")
 _RESERVED_PARAMETERS: Final = frozenset({"headers"})
 _SHM_KEY_SET: Final = frozenset(SHM_KEYS)  # a tensor without them has no shared memory
-NO_REQUEST_ID: Final = "<id_unknown>"  # a request without an id, in Triton's core messages
-
-
-@dataclass(slots=True)
-class DecodedInput:
-    name: str
-    datatype: str
-    shape: list[int]
-    data: memoryview  # flat 'B' view, the exact shared-memory bytes (empty when ``shm`` is set)
-    element_count: int
-    shm: SharedMemorySlice | None = None  # the bytes live in a client region instead
-    body_offset: int = -1  # a binary input: where ``data`` starts in the request body
-
-
-@dataclass(slots=True)
-class OutputRequest:
-    """One entry of the request's ``outputs``. ``binary`` None means "request default";
-    ``shm`` set: the output goes into that client region and the response carries no data."""
-
-    name: str
-    binary: bool | None = None
-    classification: int = 0
-    parameters: Params = field(default_factory=dict)
-    shm: SharedMemorySlice | None = None
-
-
-@dataclass(slots=True)
-class DecodedRequest:
-    inputs: list[DecodedInput]
-    outputs: list[OutputRequest] = field(default_factory=list)
-    client_id: str = ""
-    binary_output_default: bool = False
-    priority: int = 0
-    timeout_us: int = 0
-    correlation_id: int | str = 0
-    flags: int = 0
-    parameters: Params = field(default_factory=dict)
-    raw: bool = False
-
-
-def request_tag(client_id: str) -> str:
-    """The start of Triton's core messages about a request: ``[request id: <id>] ``."""
-    return f"[request id: {client_id or NO_REQUEST_ID}] "
 
 
 def split_body(body: memoryview, header_length: str | None) -> tuple[memoryview, memoryview] | None:
@@ -173,17 +138,6 @@ def decode_raw_request(body: memoryview, model: ModelVersionInfo) -> DecodedRequ
 # ------------------------------------------------------------------------ request parameters
 
 
-def string_correlation_id(value: str) -> str:
-    """A string ``sequence_id`` as the request's correlation id, over HTTP and gRPC alike,
-    within ``shoal.correlation_ids``' limit (else UNSUPPORTED, 501, for any model). The sequence
-    batcher gives it to a CORRID control of any data type
-    (``broker/schedulers/sequence/controls.py``)."""
-    message = correlation_ids.too_long_message(value)
-    if message is not None:
-        raise unsupported(message)
-    return value
-
-
 def _uint(value: Any, limit: int = UINT64_MAX) -> int | None:
     if type(value) is int and 0 <= value <= limit:
         return value
@@ -229,17 +183,7 @@ def decode_request_parameters(value: Any, request: DecodedRequest) -> None:
         elif key in _RESERVED_PARAMETERS:
             raise invalid_arg(f"parameter key '{key}' is reserved and should not be specified.")
         else:
-            request.parameters[key] = _custom_parameter(key, item)
-
-
-def _custom_parameter(key: str, value: Any) -> ParamValue:
-    if isinstance(value, str | bool | float) or (
-        type(value) is int and -(1 << 63) <= value <= UINT64_MAX
-    ):
-        return value  # type: ignore[no-any-return]
-    raise invalid_arg(  # Triton's text (doubles are taken too, as Triton takes them)
-        f"parameter '{key}' has invalid type. It should be either 'int', 'bool', or 'string'."
-    )
+            request.parameters[key] = custom_parameter(key, item)
 
 
 # ------------------------------------------------------------------------ inputs
@@ -342,19 +286,6 @@ def _decode_shape(value: Any, name: str) -> list[int]:
     )
 
 
-def checked_element_count(shape: list[int], name: str) -> int:
-    """Elements of input ``name`` of this shape; INVALID_ARG past int64 (Triton's message)."""
-    count = 1
-    for dim in shape:
-        count *= dim
-    if count > INT64_MAX:
-        raise invalid_arg(
-            f"shape {format_dims(shape)} for input '{name}' causes total element count to "
-            f"exceed maximum size of {INT64_MAX}"
-        )
-    return count
-
-
 def _check_content_fields(name: str, has_data: bool, params: dict[str, Any]) -> None:
     """Exactly one of data / binary_data_size / shared_memory_region (Triton's message)."""
     has_binary = "binary_data_size" in params
@@ -371,11 +302,6 @@ def _check_content_fields(name: str, has_data: bool, params: dict[str, Any]) -> 
             "'binary_data_size' in 'parameters', 'shared_memory_region' in 'parameters'. "
             f"But{detail}"
         )
-
-
-def format_dims(dims: list[int]) -> str:
-    """Triton's DimsListToString: ``[1,16]``."""
-    return "[" + ",".join(str(d) for d in dims) + "]"
 
 
 # ------------------------------------------------------------------------ outputs
@@ -398,20 +324,6 @@ def _decode_outputs(items: Any) -> list[OutputRequest]:
             raise invalid_arg(f"Unable to parse 'parameters' for output '{name}'")
         outputs.append(_decode_output(name, params))
     return outputs
-
-
-def add_output_parameter(output: OutputRequest, key: str, value: Any) -> None:
-    """A per-output parameter that is not one of the protocol's own keys (HTTP and gRPC):
-    ``triton_*`` is reserved, anything else passes through as a custom parameter."""
-    if key.startswith("triton_"):
-        raise invalid_arg(
-            f"parameter keys starting with 'triton_' are reserved for Triton usage and "
-            f"should not be specified (output '{output.name}')."
-        )
-    try:
-        output.parameters[key] = _custom_parameter(key, value)
-    except ShoalError as exc:
-        raise invalid_arg(f"{exc.message} (output '{output.name}')") from None
 
 
 def _decode_output(name: str, params: dict[str, Any]) -> OutputRequest:

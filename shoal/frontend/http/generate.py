@@ -57,13 +57,10 @@ from starlette.responses import Response, StreamingResponse
 
 from shoal import dtypes
 from shoal.errors import ErrorCode, ShoalError, invalid_arg
+from shoal.frontend.core.decoded import DecodedInput, DecodedRequest
 from shoal.frontend.core.prepare import closing, prepare_request
 from shoal.frontend.core.validation import duplicate_input, tagged, validate_request
-from shoal.frontend.http.codec import (
-    DecodedInput,
-    DecodedRequest,
-    decode_request_parameters,
-)
+from shoal.frontend.http.codec import decode_request_parameters
 from shoal.frontend.http.errors import error_response, shoal_error_response, status_for
 from shoal.frontend.http.infer import read_body
 from shoal.frontend.http.json_tensors import flatten, json_tensor_bytes, json_type_error

@@ -24,11 +24,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from shoal.errors import unsupported
+from shoal.frontend.core.decoded import DecodedRequest
 from shoal.frontend.core.header_forward import forwarded_parameters, with_forwarded
 from shoal.frontend.core.prepare import BodySlot, prepare_request
 from shoal.frontend.core.validation import InferPlan, validate_request
 from shoal.frontend.http import compression
-from shoal.frontend.http.codec import DecodedRequest, decode_infer_request
+from shoal.frontend.http.codec import decode_infer_request
 from shoal.frontend.http.response import encode_infer_response
 from shoal.messages import Lease, ModelVersionInfo
 

@@ -21,7 +21,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from shoal.errors import invalid_arg
+from shoal.frontend.core.model_lookup import check_trace_model
 from shoal.frontend.http.errors import JSON_CONTENT_TYPE
 from shoal.frontend.http.infer import read_body
 from shoal.frontend.http.jsonparse import parse_json_object
@@ -37,12 +37,6 @@ Endpoint = Callable[[Request], Awaitable[Response]]
 
 GLOBAL_PATH = "/v2/trace/setting"
 MODEL_PATH = "/v2/models/{model}/trace/setting"
-
-
-def check_trace_model(dataplane: DataPlane, model: str) -> None:
-    """A model's trace settings need the model ready (any version), as Triton."""
-    if model and not dataplane.model_ready(model, None):
-        raise invalid_arg(f"Request for unknown model : {model}")
 
 
 class TraceApi:

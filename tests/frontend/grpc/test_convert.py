@@ -11,10 +11,10 @@ from tritonclient.grpc import service_pb2 as pb
 
 from shoal import dtypes
 from shoal.errors import ErrorCode, ShoalError
+from shoal.frontend.core.decoded import SEQUENCE_END, SEQUENCE_START
 from shoal.frontend.core.shm_params import SharedMemorySlice
 from shoal.frontend.core.validation import validate_request
 from shoal.frontend.grpc.convert import decode_model_infer_request, typed_contents_bytes
-from shoal.frontend.http.codec import SEQUENCE_END, SEQUENCE_START
 from shoal.messages import TensorSpec
 from tests.frontend.http.fakes import make_model
 

@@ -17,12 +17,12 @@ from starlette.testclient import TestClient
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
+from shoal.frontend.core import classification
 from shoal.frontend.core.log_settings import ProcessLogSettings
 from shoal.frontend.grpc.convert import EMPTY_FINAL_RESPONSE
 from shoal.frontend.grpc.encode import FINAL_RESPONSE
 from shoal.frontend.grpc.inference import DECOUPLED_UNARY_MESSAGE
 from shoal.frontend.grpc.server import create_grpc_server
-from shoal.frontend.http import response
 from shoal.frontend.http.app import create_app
 from shoal.messages import TensorSpec
 from shoal.settings import Settings
@@ -271,7 +271,7 @@ def test_an_answer_that_cannot_be_encoded_ends_the_request_with_a_final_error(
         dataplane: StreamingFakeDataPlane, monkeypatch: pytest.MonkeyPatch) -> None:
     """Once the request was issued, an error of its answer is the model's error response
     (marked final, so a client waiting for the flag stops), not a refusal."""
-    monkeypatch.setattr(response, "MAX_CLASSIFICATION_ELEMENTS", 0)
+    monkeypatch.setattr(classification, "MAX_CLASSIFICATION_ELEMENTS", 0)
 
     async def test(stub: Any, channel: Any) -> None:
         call = stub.ModelStreamInfer()

@@ -10,13 +10,8 @@ import numpy as np
 import pytest
 
 from shoal.errors import ErrorCode, ShoalError
-from shoal.frontend.http.codec import (
-    SEQUENCE_END,
-    SEQUENCE_START,
-    DecodedRequest,
-    decode_infer_request,
-    split_body,
-)
+from shoal.frontend.core.decoded import SEQUENCE_END, SEQUENCE_START, DecodedRequest
+from shoal.frontend.http.codec import decode_infer_request, split_body
 from shoal.frontend.http.json_tensors import may_hold_booleans
 from shoal.messages import TensorSpec
 from tests.frontend.http.fakes import make_model

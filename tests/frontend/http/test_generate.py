@@ -14,8 +14,8 @@ from starlette.testclient import TestClient
 
 from shoal import dtypes
 from shoal.errors import ShoalError
+from shoal.frontend.core.decoded import SEQUENCE_START
 from shoal.frontend.http.app import create_app
-from shoal.frontend.http.codec import SEQUENCE_START
 from shoal.frontend.http.generate import (
     ONE_RESPONSE_ERROR,
     JsonMembers,

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from shoal.errors import ErrorCode, ShoalError
+from shoal.frontend.core.decoded import DecodedInput, DecodedRequest, OutputRequest
 from shoal.frontend.core.validation import check_bytes_framing, validate_request
-from shoal.frontend.http.codec import DecodedInput, DecodedRequest, OutputRequest
 from shoal.messages import ModelVersionInfo, TensorSpec
 from tests.frontend.http.fakes import make_model
 

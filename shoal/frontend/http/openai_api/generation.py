@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from shoal.errors import ShoalError
+from shoal.frontend.core.decoded import OutputRequest
 from shoal.frontend.core.prepare import closing, prepare_request
 from shoal.frontend.core.validation import validate_request
-from shoal.frontend.http.codec import OutputRequest
 from shoal.frontend.http.generate import decode_generate_request, output_value
 from shoal.frontend.http.openai_api.errors import OpenAiError, invalid
 from shoal.frontend.http.openai_api.logprobs import PARAM_OF_INPUT as LOGITS_PARAM_OF_INPUT
