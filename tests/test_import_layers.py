@@ -143,3 +143,15 @@ def test_no_import_circles() -> None:
 def test_every_known_entry_still_happens() -> None:
     gone = [k for k in KNOWN if k[1] not in EDGES.get(k[0], set())]
     assert gone == [], "fixed: take these out of KNOWN"
+
+
+def test_http_and_grpc_are_adapters_over_the_frontend_core() -> None:
+    """Inside the frontend: ``core/`` imports neither protocol, and neither protocol the other."""
+    def side(module: str) -> str:
+        parts = module.split(".")
+        return parts[2] if len(parts) > 2 and parts[1] == "frontend" else ""
+
+    forbidden = {("core", "http"), ("core", "grpc"), ("http", "grpc"), ("grpc", "http")}
+    wrong = sorted((a, b) for a, targets in EDGES.items() for b in targets
+                   if (side(a), side(b)) in forbidden)
+    assert wrong == [], "frontend rooms importing across"
