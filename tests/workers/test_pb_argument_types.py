@@ -62,3 +62,13 @@ def test_right_arguments_pass() -> None:
     pb_utils.Logger.log("verbose", pb_utils.Logger.VERBOSE)
     pb_utils.Logger.log("warning", pb_utils.Logger.LogLevel.WARNING)
     assert pb_utils.Logger.ERROR == 2  # the levels still compare as numbers
+
+
+@pytest.mark.parametrize("left_out", ["inputs", "requested_output_names", "model_name"])
+def test_a_bls_request_needs_its_inputs_outputs_and_model(left_out: str) -> None:
+    """No default in Triton's bindings: leaving one out is a TypeError naming it."""
+    given: dict[str, Any] = {"inputs": [], "requested_output_names": ["OUTPUT0"],
+                             "model_name": "add_sub"}
+    del given[left_out]
+    with pytest.raises(TypeError, match=f"missing required argument '{left_out}'"):
+        pb_utils.InferenceRequest(**given)

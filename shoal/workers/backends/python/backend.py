@@ -267,8 +267,8 @@ class PythonBackend:
         parameters = dict(request.parameters) if request.parameters else None
         pb_request = InferenceRequest(
             request_id=request.client_request_id, correlation_id=request.correlation_id,
-            inputs=tensors, requested_output_names=requested, flags=request.flags,
-            parameters=parameters)
+            inputs=tensors, requested_output_names=requested, model_name="",
+            flags=request.flags, parameters=parameters)
         probe = self._is_cancelled
         if probe is not None:
             pb_request._cancelled = lambda: probe(request.request_id)

@@ -191,17 +191,28 @@ def text_argument(value: Any, what: str) -> str:
     raise TypeError(f"{what} must be a str or bytes, not {type(value).__name__}")
 
 
+# the default of an argument Triton's bindings require (``InferenceRequest`` raises TypeError)
+_REQUIRED: Any = object()
+
+
 class InferenceRequest:
     """``pb_utils.InferenceRequest``: what ``execute`` receives (and the BLS constructor).
     ``model_name`` may be given as bytes (``text_argument``)."""
 
     def __init__(self, request_id: str = "", correlation_id: int | str = 0,
-                 inputs: Sequence[Tensor] = (),
-                 requested_output_names: Sequence[str] = (),
-                 model_name: str | bytes = "",
+                 inputs: Sequence[Tensor] = _REQUIRED,
+                 requested_output_names: Sequence[str] = _REQUIRED,
+                 model_name: str | bytes = _REQUIRED,
                  model_version: int = -1, flags: int = 0, timeout: int = 0,
                  preferred_memory: PreferredMemory | None = None,
                  trace: InferenceTrace | None = None, parameters: Any = None) -> None:
+        # inputs, requested_output_names and model_name have no default in Triton's bindings:
+        # leaving one out is a TypeError (QA's bls test_bls_incorrect_args)
+        for what, given in (("inputs", inputs), ("requested_output_names",
+                                                 requested_output_names),
+                            ("model_name", model_name)):
+            if given is _REQUIRED:
+                raise TypeError(f"InferenceRequest(): missing required argument '{what}'")
         if not isinstance(correlation_id, int | str):
             raise TypeError("InferenceRequest(): correlation_id must be an int or a str, not "
                             f"{type(correlation_id).__name__}")
