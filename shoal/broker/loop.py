@@ -295,6 +295,10 @@ class BrokerLoop:
             self.answer(identity, InferResponse(
                 request.request_id, error=Error(ErrorCode.UNAVAILABLE, reason)))
             return None
+        if request.timeout_us and logger.isEnabledFor(logging.DEBUG):
+            # Triton's core logs a request's timeout at --log-verbose 1 (its QA greps for it)
+            logger.debug("model '%s' request %s: Request timeout: %d", request.model,
+                         request.client_request_id or request.request_id, request.timeout_us)
         if runtime.ensemble is not None:
             self.ensembles.start(identity, request, runtime, now)
             return None
