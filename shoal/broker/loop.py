@@ -530,8 +530,10 @@ class BrokerLoop:
     def on_batch_result(self, handle: WorkerHandle, runtime: ModelVersionRuntime,
                         message: BatchResult, now: float) -> None:
         keys, rows, early = runtime.end_batch(message.batch_id)
+        # an ensemble's steps' queue times (none to look up while no ensemble request runs)
         step_queued = {key[1]: p.queued_ns for key in keys
-                       if (p := runtime.requests.get(key)) is not None and p.frontend == INTERNAL}
+                       if (p := runtime.requests.get(key)) is not None
+                       and p.frontend == INTERNAL} if len(self.ensembles) else {}
         if runtime.sequence is not None:
             runtime.sequence.done(message.batch_id, now, written_states(runtime, keys, message))
         if handle.batch_id == message.batch_id:
