@@ -112,6 +112,8 @@ def _json_numeric(data: list[Any], datatype: str, count: int, name: str,
             array = exact
     if array.size:
         _check_json_values(data, array, datatype, target, name, booleans)
+    if target.kind != "f":
+        return np.ascontiguousarray(array.reshape(-1), dtype=target)
     with np.errstate(over="ignore"):  # a float beyond FP16/FP32 becomes inf, as Triton's C cast
         return np.ascontiguousarray(array.reshape(-1), dtype=target)
 
