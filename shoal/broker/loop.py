@@ -25,6 +25,7 @@ from shoal.broker.health import note_progress
 from shoal.broker.held_releases import HeldReleases, Hold
 from shoal.broker.lifecycle.device_ledger import device_memory
 from shoal.broker.lifecycle.driver import LifecycleDriver
+from shoal.broker.metrics_scrape import MetricsScrapes, Scrape
 from shoal.broker.model_runtime import InstanceSlot, ModelVersionRuntime, PendingRequest
 from shoal.broker.models import ModelManager
 from shoal.broker.pool import WorkerHandle, WorkerState, reap, restart_delay, spawn_worker
@@ -41,8 +42,10 @@ from shoal.messages import (
     CacheFigures,
     CancelExecuting,
     CancelRequest,
+    CollectCustomMetrics,
     ControlReply,
     CustomMetricFamily,
+    CustomMetricsSnapshot,
     Error,
     ForgetCudaHandles,
     Heartbeat,
@@ -94,6 +97,7 @@ class BrokerLoop:
         self.workers = WorkerLink(self.context, self.worker_endpoint, self.poller)
         # lease releases for workers, riding on their next Batch (held_releases.py)
         self.held_releases = HeldReleases()
+        self.scrapes = MetricsScrapes()  # /metrics scrapes waiting for workers' custom metrics
         self.snapshot_dirty = False
         self.next_batch_id = 1
         self.next_exec_id = 1
@@ -181,6 +185,9 @@ class BrokerLoop:
         deadline = now + _MAX_WAIT_S
         if self.lifecycle_deadline is not None:
             deadline = min(deadline, self.lifecycle_deadline)
+        scrape_deadline = self.scrapes.next_deadline()
+        if scrape_deadline is not None:
+            deadline = min(deadline, scrape_deadline)
         for runtime in self.models.runtimes():
             d = (runtime.sequence.deadline(now) if runtime.sequence is not None
                  else runtime.scheduler.next_deadline(now))
@@ -204,6 +211,7 @@ class BrokerLoop:
                     slot.restarts += 1
                     self.spawn(runtime, slot, now)
             self.dispatch(runtime, now)
+        self.answer_scrapes(self.scrapes.expired(now))
         if now >= self.lifecycle_due:
             self.lifecycle.tick(now)
             self.lifecycle_due = now + _LIFECYCLE_PERIOD_S
@@ -254,12 +262,33 @@ class BrokerLoop:
         elif isinstance(message, CacheFigures):
             self.record_cache_figures(message)
         elif isinstance(message, StatsRequest):
-            models = self.models.stats(message.model, message.version,
-                                       self.ensembles.in_flight)
-            custom = [] if message.model else self.custom_metrics()
-            devices = [] if message.model else device_memory(self.lifecycle.ledger)
-            self.frontends.send(identity, StatsReply(message.query_id, models,
-                                                     custom_metrics=custom, devices=devices))
+            if message.custom_metrics and not message.model:
+                self.start_scrape(identity, message.query_id, now)
+            else:
+                self.answer_stats(identity, message.query_id, message.model, message.version)
+
+    def answer_stats(self, identity: bytes, query_id: int, model: str = "",
+                     version: int = -1) -> None:
+        models = self.models.stats(model, version, self.ensembles.in_flight)
+        custom = [] if model else self.custom_metrics()
+        devices = [] if model else device_memory(self.lifecycle.ledger)
+        self.frontends.send(identity, StatsReply(query_id, models, custom_metrics=custom,
+                                                 devices=devices))
+
+    def start_scrape(self, identity: bytes, query_id: int, now: float) -> None:
+        """A ``/metrics`` scrape: ask the serving workers for their custom metrics now; it is
+        answered when they all replied or on its deadline (``metrics_scrape``)."""
+        serving = [handle.identity for handle, _, _ in self.workers.entries.values()
+                   if handle.state in (WorkerState.IDLE, WorkerState.BUSY)]
+        token, scrape = self.scrapes.start(identity, query_id, serving, now)
+        for worker in scrape.waiting:
+            self.workers.send_control(worker, CollectCustomMetrics(token))
+        if not scrape.waiting:
+            self.answer_stats(identity, query_id)
+
+    def answer_scrapes(self, scrapes: list[Scrape]) -> None:
+        for scrape in scrapes:
+            self.answer_stats(scrape.frontend, scrape.query_id)
 
     def record_cache_figures(self, message: CacheFigures) -> None:
         """A frontend's response-cache hits and misses join the serving versions' statistics
@@ -499,6 +528,11 @@ class BrokerLoop:
                 handle.custom_metrics = message.custom_metrics
             if message.llm is not None:
                 handle.llm = message.llm
+        elif isinstance(message, CustomMetricsSnapshot):
+            handle.custom_metrics = message.custom_metrics
+            done = self.scrapes.answered(message.token, handle.identity)
+            if done is not None:
+                self.answer_scrapes([done])
         elif isinstance(message, BatchResult):
             self.on_batch_result(handle, runtime, message, now)
         elif isinstance(message, StreamResponse):
@@ -637,6 +671,7 @@ class BrokerLoop:
         for key in keys:
             self.finish_error(runtime, key, error, "BACKEND", now)
         handle.state = WorkerState.DEAD
+        self.answer_scrapes(self.scrapes.worker_gone(handle.identity))
         self.lifecycle_due = 0.0  # a load may have failed, a drained version may be gone
         if slot.worker is handle:
             slot.worker = None

@@ -221,12 +221,13 @@ class BrokerClient:
         if leases:
             self._send(ReleaseLeases(leases))
 
-    async def stats(self, model: str, version: int, timeout_s: float = 10.0) -> StatsReply:
+    async def stats(self, model: str, version: int, timeout_s: float = 10.0,
+                    custom_metrics: bool = False) -> StatsReply:
         query_id = self._next_query
         self._next_query += 1
         future: asyncio.Future[StatsReply] = asyncio.get_running_loop().create_future()
         self._stats[query_id] = future
-        self._send(StatsRequest(query_id, model, version))
+        self._send(StatsRequest(query_id, model, version, custom_metrics))
         try:
             return await asyncio.wait_for(future, timeout_s)
         finally:

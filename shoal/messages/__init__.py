@@ -76,6 +76,8 @@ from shoal.messages.worker import (
     BatchResult,
     BatchTimings,
     CancelExecuting,
+    CollectCustomMetrics,
+    CustomMetricsSnapshot,
     ForgetCudaHandles,
     Heartbeat,
     LogLevel,
@@ -122,6 +124,8 @@ class MsgKind(bytes, enum.Enum):
     STREAM_RESPONSES = b"\x19"
     CACHE_FIGURES = b"\x20"
     LOG_LEVEL = b"\x21"
+    COLLECT_CUSTOM_METRICS = b"\x22"
+    CUSTOM_METRICS_SNAPSHOT = b"\x23"
 
 
 Message = (
@@ -130,6 +134,7 @@ Message = (
     | StatsRequest | StatsReply | Batch | BatchResult | WorkerReady | WorkerLoadFailed
     | WorkerShutdown | StreamResponse | StreamResponses | CancelExecuting | ForgetCudaHandles
     | LoadModel | UnloadModel | ControlReply | Heartbeat | CacheFigures | LogLevel
+    | CollectCustomMetrics | CustomMetricsSnapshot
 )
 
 _KIND_OF: Final[dict[type[msgspec.Struct], MsgKind]] = {
@@ -160,6 +165,8 @@ _KIND_OF: Final[dict[type[msgspec.Struct], MsgKind]] = {
     RegionUnregistered: MsgKind.REGION_UNREGISTERED,
     Heartbeat: MsgKind.HEARTBEAT,
     CacheFigures: MsgKind.CACHE_FIGURES,
+    CollectCustomMetrics: MsgKind.COLLECT_CUSTOM_METRICS,
+    CustomMetricsSnapshot: MsgKind.CUSTOM_METRICS_SNAPSHOT,
 }
 _DECODERS: Final[dict[bytes, msgspec.msgpack.Decoder[msgspec.Struct]]] = {
     kind.value: msgspec.msgpack.Decoder(cls) for cls, kind in _KIND_OF.items()
@@ -200,11 +207,13 @@ __all__ = [
     "CancelExecuting",
     "CancelRequest",
     "ClientRegion",
+    "CollectCustomMetrics",
     "ControlReply",
     "CudaHandle",
     "CustomMetric",
     "CustomMetricFamily",
     "CustomMetricKind",
+    "CustomMetricsSnapshot",
     "DeviceMemory",
     "DeviceMemoryHolder",
     "Duration",

@@ -229,11 +229,14 @@ class RepositorySnapshot(msgspec.Struct, frozen=True, array_like=True):
 
 
 class StatsRequest(msgspec.Struct, frozen=True, array_like=True):
-    """frontend -> broker: ask for statistics (model "" = all models; version -1 = all)."""
+    """frontend -> broker: ask for statistics (model "" = all models; version -1 = all).
+    ``custom_metrics``: a ``/metrics`` scrape, answered with the workers' custom metrics as
+    they are when it arrives (the broker asks each serving worker first)."""
 
     query_id: int
     model: str = ""
     version: int = -1
+    custom_metrics: bool = False
 
 
 class Duration(msgspec.Struct, frozen=True, array_like=True):

@@ -161,6 +161,22 @@ class LogLevel(msgspec.Struct, frozen=True, array_like=True):
     level: int
 
 
+class CollectCustomMetrics(msgspec.Struct, frozen=True, array_like=True):
+    """broker -> worker (control socket): a ``/metrics`` scrape wants this worker's custom
+    metrics as they are now (the model may be inside ``execute``, having just set one); the
+    control thread answers at once with ``CustomMetricsSnapshot`` carrying ``token``."""
+
+    token: int
+
+
+class CustomMetricsSnapshot(msgspec.Struct, frozen=True, array_like=True):
+    """worker -> broker (control socket): every custom metric family of the worker now, for
+    the scrape ``token``."""
+
+    token: int
+    custom_metrics: list[CustomMetricFamily]
+
+
 class WorkerReady(msgspec.Struct, frozen=True, array_like=True):
     """worker -> broker, after the model loaded. ``instance`` equals the socket identity."""
 

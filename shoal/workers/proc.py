@@ -43,6 +43,8 @@ from shoal.messages import (
     BatchResult,
     BatchTimings,
     CancelExecuting,
+    CollectCustomMetrics,
+    CustomMetricsSnapshot,
     Error,
     ForgetCudaHandles,
     Heartbeat,
@@ -217,6 +219,9 @@ class WorkerProc:
                 self.device_regions.queue_forget(message.handles)
             elif isinstance(message, LogLevel):  # the logging API, server-wide
                 logging.getLogger().setLevel(message.level)
+            elif isinstance(message, CollectCustomMetrics):  # a /metrics scrape, while it runs
+                self.control_socket.send_multipart(encode(CustomMetricsSnapshot(
+                    message.token, CUSTOM_METRICS.snapshot())))
 
     # ------------------------------------------------------------------ execution
 

@@ -56,9 +56,54 @@ def custom_metrics_model(repo: pathlib.Path, name: str = "counting") -> None:
     (repo / name / "1" / "model.py").write_text(textwrap.dedent(CUSTOM_METRICS_MODEL).lstrip())
 
 
+# Sets a gauge to its input, then reads /metrics itself (at the URL in the request's
+# "metrics_url" parameter) inside the same execute, as Triton's QA custom-metrics model does;
+# answers with the text it read.
+SELF_SCRAPING_MODEL = """
+import json
+import urllib.request
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.family = pb_utils.MetricFamily(
+            name="model_self_scraped", description="Set, then read back in one execute",
+            kind=pb_utils.MetricFamily.GAUGE)
+        self.gauge = self.family.Metric(labels={"model": args["model_name"]})
+
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            value = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            self.gauge.set(float(value.reshape(-1)[0]))
+            url = json.loads(request.parameters())["metrics_url"]
+            with urllib.request.urlopen(url, timeout=10) as answer:
+                text = answer.read()
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor(
+                "TEXT", np.array([text], dtype=np.object_))]))
+        return out
+"""
+
+
+def self_scraping_model(repo: pathlib.Path, name: str = "self_scraping") -> None:
+    (repo / name / "1").mkdir(parents=True, exist_ok=True)
+    (repo / name / "config.pbtxt").write_text(textwrap.dedent(f"""
+        name: "{name}"
+        backend: "python"
+        max_batch_size: 0
+        input [{{ name: "INPUT0" data_type: TYPE_FP32 dims: [ 1 ] }}]
+        output [{{ name: "TEXT" data_type: TYPE_STRING dims: [ 1 ] }}]
+    """).lstrip())
+    (repo / name / "1" / "model.py").write_text(textwrap.dedent(SELF_SCRAPING_MODEL).lstrip())
+
+
 def build_metrics_repository(repo: pathlib.Path) -> pathlib.Path:
-    """``identity`` (FP32), ``repeat_decoupled`` and ``counting`` (custom metrics)."""
+    """``identity`` (FP32), ``repeat_decoupled``, ``counting`` (custom metrics) and
+    ``self_scraping`` (reads /metrics inside execute)."""
     identity_model(repo, "identity", "FP32")
     repeat_model(repo)
     custom_metrics_model(repo)
+    self_scraping_model(repo)
     return repo

@@ -33,7 +33,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
 @pytest.fixture(scope="module")
 def server(repo: pathlib.Path) -> Iterator[ShoalServer]:
     args = ["--model-control-mode=explicit", "--load-model=identity",
-            "--load-model=repeat_decoupled", "--load-model=counting",
+            "--load-model=repeat_decoupled", "--load-model=counting", "--load-model=self_scraping",
             "--metrics-config=histogram_latencies=true", "--metrics-config=summary_latencies=true",
             "--metrics-config=summary_quantiles=0.5:0.05,0.99:0.001",
             "--metrics-interval-ms=200"]
@@ -109,14 +109,8 @@ def test_custom_metrics_of_a_python_model(server: ShoalServer) -> None:
             assert r.status_code == 200, r.text
             seen.append(r.json()["outputs"][0]["data"][0])
     assert seen == [1.0, 2.0, 3.0, 4.0]  # value() read in the model
-    deadline = time.monotonic() + 5
-    while True:  # values travel on the worker's heartbeat, once a second
-        families = scrape(server)
-        requests = families.get("model_requests_seen", [])
-        if requests and value(requests, "model_requests_seen_total", **labels) == 4:
-            break
-        assert time.monotonic() < deadline, requests
-        time.sleep(0.2)
+    families = scrape(server)  # at once: a scrape asks the workers for their values now
+    assert value(families["model_requests_seen"], "model_requests_seen_total", **labels) == 4
     assert value(families["model_last_batch"], "model_last_batch", **labels) == 1
     histogram = families["model_input_value"]
     buckets = {s.labels["le"]: s.value for s in histogram if s.name.endswith("_bucket")}
@@ -129,6 +123,20 @@ def test_custom_metrics_of_a_python_model(server: ShoalServer) -> None:
     while "model_requests_seen" in scrape(server):  # a worker's metrics go with it
         assert time.monotonic() < deadline
         time.sleep(0.2)
+
+
+@pytest.mark.parametrize("x", [3.0, 7.5])
+def test_a_model_reads_back_a_metric_it_set_in_the_same_execute(server: ShoalServer,
+                                                                 x: float) -> None:
+    metrics_url = f"http://127.0.0.1:{server.metrics_port}/metrics"
+    r = httpx.post(f"{server.base}/v2/models/self_scraping/infer", timeout=30, json={
+        "parameters": {"metrics_url": metrics_url},
+        "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1], "data": [x]}]})
+    assert r.status_code == 200, r.text
+    text = r.json()["outputs"][0]["data"][0]
+    families = {f.name: f.samples for f in text_string_to_metric_families(text)}
+    assert value(families["model_self_scraped"], "model_self_scraped",
+                 model="self_scraping") == x
 
 
 def test_unknown_paths_are_404_and_a_wrong_method_405(server: ShoalServer) -> None:

@@ -176,7 +176,8 @@ def test_metrics_app_routes() -> None:
 class _CustomDataPlane(FakeDataPlane):
     custom: list[CustomMetricFamily] = []
 
-    async def stats(self, model: str, version: int) -> StatsReply:
+    async def stats(self, model: str, version: int, custom_metrics: bool = False
+                    ) -> StatsReply:
         reply = await super().stats(model, version)
         return StatsReply(reply.query_id, reply.models, reply.error, self.custom)
 

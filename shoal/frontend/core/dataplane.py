@@ -106,9 +106,12 @@ class DataPlane(Protocol):
         """Give an outcome's output memory back to the worker (no round trip)."""
         ...
 
-    async def stats(self, model: str, version: int) -> StatsReply:
+    async def stats(self, model: str, version: int, custom_metrics: bool = False
+                    ) -> StatsReply:
         """Statistics of every model (``model`` empty) or of one (``version`` -1: its ready
-        versions); a model or version with nothing ready is INVALID_ARG (Triton's texts)."""
+        versions); a model or version with nothing ready is INVALID_ARG (Triton's texts).
+        ``custom_metrics`` (with ``model`` empty): also the models' custom metrics as they are
+        now, for a ``/metrics`` scrape."""
         ...
 
     def next_request_id(self) -> int: ...

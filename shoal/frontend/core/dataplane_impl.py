@@ -345,12 +345,13 @@ class FrontendDataPlane:
         if reply.error is not None:
             raise ShoalError(reply.error.code, reply.error.message)
 
-    async def stats(self, model: str, version: int) -> StatsReply:
+    async def stats(self, model: str, version: int, custom_metrics: bool = False
+                    ) -> StatsReply:
         if model:
             model_lookup.check_stats_target(self.ready_versions(model), model, version)
         if self.response_cache is not None:
             self.response_cache.report_now()  # this frontend's figures reach the broker first
         try:
-            return await self.client.stats(model, version)
+            return await self.client.stats(model, version, custom_metrics=custom_metrics)
         except TimeoutError as exc:
             raise ShoalError(ErrorCode.UNAVAILABLE, "statistics are not available") from exc

@@ -146,7 +146,7 @@ class MetricsPoller:
 
 async def _all_stats(dataplane: DataPlane) -> StatsReply | None:
     try:
-        reply = await dataplane.stats("", -1)
+        reply = await dataplane.stats("", -1, custom_metrics=True)
     except ShoalError as error:
         logger.debug("metrics without model statistics: %s", error.message)
         return None

@@ -142,7 +142,8 @@ class FakeDataPlane:
     def release(self, lease: Lease | None) -> None:
         self.released.append(lease)
 
-    async def stats(self, model: str, version: int) -> StatsReply:
+    async def stats(self, model: str, version: int, custom_metrics: bool = False
+                    ) -> StatsReply:
         if model:
             model_lookup.check_stats_target(self.ready_versions(model), model, version)
         if self.stats_error is not None:
