@@ -436,19 +436,37 @@ class BrokerLoop:
         if self.rate_limiter is not None:
             self.dispatch_rate_limited(runtime, now)
             return
+        if runtime.iterative is not None:  # each instance first runs what it rescheduled
+            for index, slot in enumerate(runtime.instances):
+                worker = slot.worker
+                if worker is not None and worker.state is WorkerState.IDLE:
+                    self.run_iteration(runtime, index, worker, now)
+            return
         for worker in runtime.idle_workers():
             batch = runtime.scheduler.next_batch(now)
             if not batch:
                 return
             self.send_batch(runtime, worker, [q.key for q in batch], now)
 
+    def run_iteration(self, runtime: ModelVersionRuntime, index: int, worker: WorkerHandle,
+                      now: float) -> bool:
+        """An iterative-sequence model's instance ``index``: its next batch, if any."""
+        assert runtime.iterative is not None
+        batch = runtime.iterative.next_batch_for(index, now)
+        if not batch:
+            return False
+        self.send_batch(runtime, worker, [q.key for q in batch], now)
+        return True
+
     def dispatch_rate_limited(self, runtime: ModelVersionRuntime, now: float) -> None:
         """Every idle instance of a runtime with a batch ready waits for its turn; then every
         instance (of any model) whose turn it is and whose resources are free starts a batch."""
         assert self.rate_limiter is not None
-        if runtime.scheduler.has_batch(now):  # as Triton: staged only with a batch ready
-            for slot in runtime.instances:
-                if slot.worker is not None and slot.worker.state is WorkerState.IDLE:
+        iterative = runtime.iterative
+        if iterative is not None or runtime.scheduler.has_batch(now):  # staged with a batch
+            for index, slot in enumerate(runtime.instances):
+                if (slot.worker is not None and slot.worker.state is WorkerState.IDLE
+                        and (iterative is None or iterative.has_batch_for(index))):
                     self.rate_limiter.stage(slot.worker.identity, slot.device_id,
                                             slot.rate_needs)
         self.grant_rate_limited(now)
@@ -467,6 +485,8 @@ class BrokerLoop:
         handle, runtime, slot = entry
         if runtime.sequence is not None:
             return self.run_sequence_work(runtime, runtime.instances.index(slot), handle, now)
+        if runtime.iterative is not None:
+            return self.run_iteration(runtime, runtime.instances.index(slot), handle, now)
         batch = runtime.scheduler.next_batch(now)
         if not batch:
             return False
@@ -564,6 +584,8 @@ class BrokerLoop:
     def on_batch_result(self, handle: WorkerHandle, runtime: ModelVersionRuntime,
                         message: BatchResult, now: float) -> None:
         keys, rows, early = runtime.end_batch(message.batch_id)
+        if message.rescheduled and runtime.iterative is not None:
+            keys = self.reschedule(runtime, handle, keys, set(message.rescheduled))
         # an ensemble's steps' queue times (none to look up while no ensemble request runs)
         step_queued = {key[1]: p.queued_ns for key in keys
                        if (p := runtime.requests.get(key)) is not None
@@ -582,6 +604,20 @@ class BrokerLoop:
             self.deliver(runtime, key, frontend, response)
         note_progress(handle, now)  # after batch_outcomes: decoupled requests left open owe more
         self.dispatch(runtime, now)
+
+    @staticmethod
+    def reschedule(runtime: ModelVersionRuntime, handle: WorkerHandle, keys: list[RequestKey],
+                   rescheduled: set[int]) -> list[RequestKey]:
+        """The requests of a batch that the model released with RESCHEDULE wait for their
+        instance's next batch (``schedulers/iterative.py``); returns the others, which ended
+        or keep streaming."""
+        assert runtime.iterative is not None
+        index = next(i for i, slot in enumerate(runtime.instances) if slot.worker is handle)
+        again = {key for key in keys if (pending := runtime.requests.get(key)) is not None
+                 and pending.exec_id in rescheduled}
+        runtime.iterative.reschedule(index, [runtime.queued_again(key) for key in keys
+                                             if key in again])
+        return [key for key in keys if key not in again]
 
     def on_stream_response(self, handle: WorkerHandle, runtime: ModelVersionRuntime,
                            message: StreamResponse, now: float) -> None:
@@ -668,6 +704,9 @@ class BrokerLoop:
         if runtime.sequence is not None:  # sequences without implicit state end with it
             keys += runtime.sequence.fail_instance(runtime.instances.index(slot),
                                                    handle.batch_id, now)
+        if runtime.iterative is not None:  # their progress was in the dead instance
+            keys += [q.key for q in runtime.iterative.take_rescheduled(
+                runtime.instances.index(slot))]
         for key in keys:
             self.finish_error(runtime, key, error, "BACKEND", now)
         handle.state = WorkerState.DEAD

@@ -22,6 +22,7 @@ from shoal.broker.repository import ModelSource
 from shoal.broker.schedulers.base import QueuedRequest, RequestKey, Scheduler
 from shoal.broker.schedulers.default import DefaultScheduler
 from shoal.broker.schedulers.dynamic import DynamicBatcher, DynamicBatcherConfig
+from shoal.broker.schedulers.iterative import IterativeScheduler
 from shoal.broker.schedulers.ordering import ResponseOrderer
 from shoal.broker.schedulers.sequence.scheduling import SequenceScheduling
 from shoal.broker.state_store import store_factory
@@ -109,6 +110,8 @@ class ModelVersionRuntime:
     by_exec: dict[int, RequestKey] = field(default_factory=dict)
     decoupled: bool = False
     sequence: SequenceScheduling | None = None  # sequence_batching models schedule through it
+    # iterative sequences: ``scheduler`` itself, typed for its per-instance calls
+    iterative: IterativeScheduler | None = None
     ragged_inputs: frozenset[str] = frozenset()
     ensemble: EnsemblePlan | None = None  # ensembles run no workers of their own
     execution_timeout_s: float = 0.0  # health.py: 0 = no execution deadline
@@ -210,8 +213,12 @@ class ModelVersionRuntime:
         dispatch_ns = 0
         for exec_id, key in enumerate(keys, first_exec_id):
             pending = self.requests[key]
+            if pending.exec_id:  # rescheduled (iterative sequence): the worker knows it by it
+                exec_id = pending.exec_id
+            else:
+                pending.queued_ns = int((now - pending.arrival) * 1e9)
             pending.dispatched, pending.worker, pending.exec_id = now, worker, exec_id
-            pending.batch_id, pending.queued_ns = batch_id, int((now - pending.arrival) * 1e9)
+            pending.batch_id = batch_id
             if pending.trace is not None:
                 dispatch_ns = dispatch_ns or time.monotonic_ns()
                 pending.trace[COMPUTE_START] = dispatch_ns
@@ -247,6 +254,13 @@ class ModelVersionRuntime:
             return self.sequence.drain()
         return [q.key for q in self.scheduler.drain()]
 
+    def queued_again(self, key: RequestKey) -> QueuedRequest:
+        """The scheduler's view of request ``key`` once more (a rescheduled request)."""
+        pending = self.requests[key]
+        request = pending.request
+        return QueuedRequest(key, request.batch_size, pending.arrival, request.priority,
+                             request.timeout_us, self.shape_signature(request))
+
     def gave_up_on(self, slot: InstanceSlot) -> bool:
         return slot.failures >= _MAX_LOAD_FAILURES
 
@@ -257,11 +271,16 @@ def build_runtime(source: ModelSource, version: int, settings: Settings, serial:
     import orjson
 
     config = source.config
-    if config.max_batch_size > 0 and config.HasField("dynamic_batching"):
+    iterative = None
+    if config.HasField("sequence_batching") and config.sequence_batching.iterative_sequence:
+        check_iterative(config)
+        iterative = IterativeScheduler(int(config.max_batch_size))
+        scheduler: Scheduler = iterative
+        orderer: ResponseOrderer[InferResponse] | None = None
+    elif config.max_batch_size > 0 and config.HasField("dynamic_batching"):
         batcher_config = DynamicBatcherConfig.from_model_config(config)
-        scheduler: Scheduler = DynamicBatcher(batcher_config)
-        orderer: ResponseOrderer[InferResponse] | None = (
-            ResponseOrderer() if config.dynamic_batching.preserve_ordering else None)
+        scheduler = DynamicBatcher(batcher_config)
+        orderer = ResponseOrderer() if config.dynamic_batching.preserve_ordering else None
     else:
         scheduler = DefaultScheduler()
         orderer = None
@@ -275,7 +294,7 @@ def build_runtime(source: ModelSource, version: int, settings: Settings, serial:
         for slot, slot_needs in zip(instances, needs, strict=True):
             slot.rate_needs = slot_needs
     sequence = None
-    if config.HasField("sequence_batching"):
+    if config.HasField("sequence_batching") and iterative is None:
         if config.sequence_batching.state and is_decoupled(config):
             raise unsupported(f"model '{config.name}': implicit sequence state ('state' in "
                               "sequence_batching) is not supported for decoupled models")
@@ -287,9 +306,19 @@ def build_runtime(source: ModelSource, version: int, settings: Settings, serial:
         config_json_text=orjson.dumps(config_to_json(config)).decode(),
         scheduler=scheduler, instances=instances,
         stats=ModelVersionStats(source.name, version), orderer=orderer,
-        decoupled=is_decoupled(config), sequence=sequence,
+        decoupled=is_decoupled(config), sequence=sequence, iterative=iterative,
         ragged_inputs=frozenset(io.name for io in config.input if io.allow_ragged_batch),
         execution_timeout_s=execution_timeout(config, settings))
+
+
+def check_iterative(config: Any) -> None:
+    """What shoal serves of iterative sequences: requests that are sequences of their own,
+    without control inputs or implicit state (UNSUPPORTED otherwise, naming the field)."""
+    batcher = config.sequence_batching
+    for field_name in ("control_input", "state"):
+        if len(getattr(batcher, field_name)):
+            raise unsupported(f"model '{config.name}': sequence_batching.{field_name} is not "
+                              "supported with iterative_sequence")
 
 
 def execution_timeout(config: Any, settings: Settings) -> float:

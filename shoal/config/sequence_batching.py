@@ -12,7 +12,7 @@ from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 from shoal.dtypes import element_count, element_size
-from shoal.errors import invalid_arg, unsupported
+from shoal.errors import invalid_arg
 
 if TYPE_CHECKING:
     from tritonclient.grpc.model_config_pb2 import ModelConfig
@@ -145,11 +145,10 @@ class SequenceBatcherConfig:
     @classmethod
     def from_model_config(cls, config: ModelConfig) -> SequenceBatcherConfig:
         """Read ``config.sequence_batching`` (raw or normalized). Raises ShoalError: INVALID_ARG
-        with Triton's validation messages, UNSUPPORTED for ``iterative_sequence``."""
+        with Triton's validation messages. An ``iterative_sequence`` model does not come here:
+        its requests are sequences of their own (``broker/schedulers/iterative.py``)."""
         name = str(config.name)
         batcher = config.sequence_batching
-        if batcher.iterative_sequence:
-            raise unsupported(f"sequence batching 'iterative_sequence' is not supported for {name}")
         if config.max_batch_size < 0:
             raise invalid_arg(f"'max_batch_size' must be non-negative value for {name}")
         strategy: Strategy = "oldest" if batcher.HasField("oldest") else "direct"

@@ -107,12 +107,15 @@ class BatchTimings(msgspec.Struct, frozen=True, array_like=True):
 
 class BatchResult(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
     """worker -> broker: one Result per request of the Batch, in any order. All successful
-    Results share ``lease`` (the batch's output memory), released when every one is released."""
+    Results share ``lease`` (the batch's output memory), released when every one is released.
+    ``rescheduled``: the ids of requests the model released with RESCHEDULE (iterative
+    sequences): no Result; the broker runs them again on this instance."""
 
     batch_id: int
     results: list[Result]
     timings: BatchTimings
     lease: Lease | None = None
+    rescheduled: list[int] = []
 
 
 class StreamResponse(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):

@@ -79,10 +79,12 @@ from shoal.shm.client_regions import ClientRegions
 from shoal.shm.regions import RegionCache
 from shoal.shm.tensors import array_from_buffer
 from shoal.workers.backends.base import (
+    Answer,
     Backend,
     BackendRequest,
     BackendResponse,
     InstanceContext,
+    Rescheduled,
     llm_stats,
 )
 from shoal.workers.backends.registry import create_backend
@@ -274,21 +276,26 @@ class WorkerProc:
             return self._finish_decoupled(batch, requests, responses, errors, timings)
         by_id = {r.request_id: resp for r, resp in zip(requests, responses, strict=True)}
         states = self._write_states(batch, by_id) if batch.rows else {}
+        answered: list[WorkerRequest] = []  # every request but the rescheduled ones
         ordered: list[BackendResponse | Error] = []
+        rescheduled: list[int] = []
         for r in batch.requests:
             answer = by_id.get(r.request_id) or errors.get(r.request_id)
+            if isinstance(answer, Rescheduled):
+                rescheduled.append(r.request_id)
+                continue
+            answered.append(r)
             ordered.append(answer if answer is not None else Error(
                 ErrorCode.INTERNAL, "model returned no response for the request"))
         with self.output_lock:
             try:
                 results, lease = self.outputs.write_results(
-                    [r.request_id for r in batch.requests], [r.outputs for r in batch.requests],
-                    ordered)
+                    [r.request_id for r in answered], [r.outputs for r in answered], ordered)
                 self.device_regions.synchronize()  # the client may read the moment it knows
             except Exception as exc:  # a request the model answered executed (in_response)
                 results = [Result(r.request_id, error=error_of(
                     exc, in_response=isinstance(answer, BackendResponse)))
-                    for r, answer in zip(batch.requests, ordered, strict=True)]
+                    for r, answer in zip(answered, ordered, strict=True)]
                 lease = None
             finally:
                 self.lender.close()  # frees the lent slots no answer references
@@ -296,11 +303,11 @@ class WorkerProc:
             results = [msgspec.structs.replace(r, states=states[r.request_id])
                        if r.error is None and r.request_id in states else r for r in results]
         t3 = time.monotonic_ns()
-        self.cancelled.difference_update(r.request_id for r in batch.requests)
-        return BatchResult(batch.batch_id, results,
-                           BatchTimings(t1 - t0, t2 - t1, t3 - t2, t0), lease)
+        self.cancelled.difference_update(r.request_id for r in answered)  # flags outlive a
+        return BatchResult(batch.batch_id, results,                     # rescheduling
+                           BatchTimings(t1 - t0, t2 - t1, t3 - t2, t0), lease, rescheduled)
 
-    def _write_states(self, batch: Batch, answers: dict[int, BackendResponse | Error | None]
+    def _write_states(self, batch: Batch, answers: dict[int, Answer]
                       ) -> dict[int, list[WrittenState]]:
         """Copy out the output states of the requests that have implicit state (replacing their
         answer by the response without them, or by an error); returns what each wrote."""
@@ -377,7 +384,7 @@ class WorkerProc:
         return requests, errors
 
     def _finish_decoupled(self, batch: Batch, requests: list[BackendRequest],
-                          responses: list[BackendResponse | Error | None],
+                          responses: list[Answer],
                           errors: dict[int, Error], timings: BatchTimings) -> BatchResult:
         """execute() returned: the instance is free again; requests that got an error (or a
         direct response, which a decoupled model should not return) end now, the rest keep
@@ -385,15 +392,18 @@ class WorkerProc:
         ended: list[Result] = []
         for request_id, error in errors.items():
             ended.append(Result(request_id, error=error))
+        rescheduled: list[int] = []  # their streams stay open; the broker runs them again
         for request, response in zip(requests, responses, strict=True):
-            if response is not None and request.request_id in self.open_requests:
+            if isinstance(response, Rescheduled):
+                rescheduled.append(request.request_id)
+            elif response is not None and request.request_id in self.open_requests:
                 self.send_response(request.request_id, response, True)
         # compute_output: from execute's return to here (the ended answers' work), as Triton
         # times the output phase after execute for a decoupled model too
         executed = timings.start_ns + timings.compute_input_ns + timings.compute_infer_ns
         timings = msgspec.structs.replace(timings, compute_output_ns=time.monotonic_ns()
                                           - executed)
-        return BatchResult(batch.batch_id, ended, timings)
+        return BatchResult(batch.batch_id, ended, timings, rescheduled=rescheduled)
 
     def send_response(self, request_id: int, response: BackendResponse | Error | None,
                       final: bool) -> None:

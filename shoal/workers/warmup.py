@@ -42,6 +42,7 @@ from shoal.workers.backends.base import (
     Backend,
     BackendRequest,
     BackendResponse,
+    Rescheduled,
     ResponseSink,
 )
 
@@ -290,7 +291,9 @@ def _run_once(backend: Backend, requests: list[BackendRequest], sink: WarmupResp
         return [f"the backend returned {len(answers)} responses for {len(requests)} requests"]
     problems: list[str] = []
     for request_id, answer in zip(ids, answers, strict=True):
-        if decoupled and answer is not None:  # a direct answer ends the request (as the worker)
+        if isinstance(answer, Rescheduled):  # warmup runs each request once
+            problems.append("the model rescheduled a warmup request")
+        elif decoupled and answer is not None:  # a direct answer ends the request (as the worker)
             sink(request_id, answer, True)
         elif isinstance(answer, Error):
             problems.append(answer.message)

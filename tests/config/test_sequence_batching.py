@@ -275,12 +275,6 @@ def test_a_state_input_named_twice_is_rejected() -> None:
         from_pbtxt(f"max_batch_size: 1 sequence_batching {{ {state % 'A'} {state % 'B'} }}")
 
 
-def test_iterative_sequence_is_unsupported() -> None:
-    with pytest.raises(ShoalError) as caught:
-        from_pbtxt("max_batch_size: 1 sequence_batching { iterative_sequence: true }")
-    assert caught.value.code == ErrorCode.UNSUPPORTED
-
-
 def test_configs_built_in_code_are_validated_too() -> None:
     with pytest.raises(ShoalError, match="minimum slot utilization"):
         SequenceBatcherConfig(model_name="m", max_batch_size=2, minimum_slot_utilization=-0.1)

@@ -21,10 +21,11 @@ tensor into a client's CUDA region, else to the host first.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import enum
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -121,6 +122,20 @@ class BackendResponse:
     parameters: Params = field(default_factory=dict)
 
 
+class Rescheduled(enum.Enum):
+    """An ``execute`` answer: the model released the request with RESCHEDULE (an iterative
+    sequence, ``sequence_batching { iterative_sequence: true }``). It gets no answer now: the
+    broker runs it again on this instance in a later batch (``broker/schedulers/iterative.py``);
+    a decoupled request's stream stays open meanwhile."""
+
+    RESCHEDULED = "rescheduled"
+
+
+RESCHEDULED: Final = Rescheduled.RESCHEDULED
+
+Answer = BackendResponse | Error | Rescheduled | None  # one request's, from ``execute``
+
+
 class Backend(Protocol):
     """Optional members, looked up with ``getattr``: ``takes_device_input(name) -> bool`` (see
     the module docstring and ``takes_device_input``); ``llm_stats() -> LlmStats | None`` (see
@@ -129,9 +144,10 @@ class Backend(Protocol):
     def load(self, ctx: InstanceContext) -> None:
         """Load the model; raise ShoalError (or any exception) to fail the load."""
 
-    def execute(self, requests: list[BackendRequest]) -> list[BackendResponse | Error | None]:
+    def execute(self, requests: list[BackendRequest]) -> Sequence[Answer]:
         """Run the requests (one list entry per request, same order). A per-request problem is
-        an ``Error`` in its slot; an exception fails the whole batch. ``None`` means the request
+        an ``Error`` in its slot; an exception fails the whole batch. ``RESCHEDULED``: run it
+        again later (iterative sequences). ``None`` means the request
         answers through ``InstanceContext.send_response`` (decoupled models), possibly after
         execute returned."""
         ...

@@ -14,7 +14,9 @@ Decoupled models answer through ``request.get_response_sender()`` (any thread, a
 FINAL); the worker streams each response out as it is sent. ``request.is_cancelled()`` reads the
 worker's cancellation flags. BLS (``InferenceRequest(...).exec()`` / ``async_exec()``) and model
 control go through ``ctx.bls`` (``pb_bls``): model control from ``initialize`` on, BLS inference
-from the end of ``initialize`` until ``finalize``. Not supported yet: rescheduling.
+from the end of ``initialize`` until ``finalize``. A request released with
+``TRITONSERVER_REQUEST_RELEASE_RESCHEDULE`` (iterative sequence models) is answered
+``RESCHEDULED``: the broker runs it again (``broker/schedulers/iterative.py``).
 
 A config ``reshape`` is applied as Triton's core applies it (``backends/reshape.py``): inputs
 reach ``execute`` in their reshape shape, outputs leave in their ``dims`` shape.
@@ -42,11 +44,14 @@ from shoal.dtypes import config_to_wire, numpy_to_wire
 from shoal.errors import ErrorCode, ShoalError
 from shoal.messages import Error
 from shoal.workers.backends.base import (
+    RESCHEDULED,
+    Answer,
     BackendRequest,
     BackendResponse,
     CancelProbe,
     InstanceContext,
     OutputTensor,
+    Rescheduled,
     ResponseSink,
 )
 from shoal.workers.backends.python import pb_bls, pb_utils
@@ -77,12 +82,15 @@ class PythonBackend:
         self._runner = _AsyncRunner()
         self._warned_dtype: set[str] = set()
         self._decoupled = False
+        self._iterative = False  # sequence_batching { iterative_sequence: true }
         self._send_response: ResponseSink | None = None
         self._is_cancelled: CancelProbe | None = None
 
     def load(self, ctx: InstanceContext) -> None:
         config = ctx.config
         self._decoupled = bool(config.model_transaction_policy.decoupled)
+        self._iterative = (config.HasField("sequence_batching")
+                           and bool(config.sequence_batching.iterative_sequence))
         if self._decoupled and ctx.send_response is None:
             raise ShoalError(ErrorCode.UNSUPPORTED,
                              f"model '{ctx.model_name}' is decoupled but this worker cannot "
@@ -120,12 +128,13 @@ class PythonBackend:
             self._await_if_needed(initialize(_initialize_args(ctx)))
         pb_bls.open_execution()
 
-    def execute(self, requests: list[BackendRequest]) -> list[BackendResponse | Error | None]:
+    def execute(self, requests: list[BackendRequest]) -> list[Answer]:
         if not requests:
             return []
         pb_requests = [self._wrap_request(r) for r in requests]
         if self._decoupled:
-            return self._execute_decoupled(requests, pb_requests)
+            return [self._rescheduling(p) if answer is None else answer for p, answer in zip(
+                pb_requests, self._execute_decoupled(requests, pb_requests), strict=True)]
         try:
             returned = self._await_if_needed(self._model.execute(pb_requests))
             responses = _check_returned(pb_requests, returned, self._instance_name)
@@ -135,14 +144,33 @@ class PythonBackend:
             # delivered it at send; the error that followed is dropped for that request)
             return [error if p.sent_response is None else self._convert_response(
                 p.sent_response, r) for p, r in zip(pb_requests, requests, strict=True)]
-        answers: list[BackendResponse | Error | None] = []
+        answers: list[Answer] = []
         for response, pb_request, request in zip(responses, pb_requests, requests,
                                                  strict=True):
+            rescheduling = self._rescheduling(pb_request)
+            if rescheduling is not None:
+                answers.append(rescheduling)
+                continue
             # None: its sender answers after execute returned
             answer = self._await_sender(pb_request) if response is None else response
             answers.append(answer if isinstance(answer, Error)
                            else self._convert_response(answer, request))
         return answers
+
+    def _rescheduling(self, pb_request: InferenceRequest) -> Rescheduled | Error | None:
+        """The model released this request with RESCHEDULE: run it again (an iterative
+        sequence model) or an Error (any other model; Triton's core cannot reschedule it
+        either); None if it did not, or if its stream has ended (a decoupled FINAL was sent)."""
+        if not pb_request.release_rescheduled():
+            return None
+        if pb_request._sender is not None and pb_request._sender.closed:
+            return None
+        if self._iterative:
+            return RESCHEDULED
+        return Error(ErrorCode.INVALID_ARG,
+                     f"model instance '{self._instance_name}' released a request with "
+                     "TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, which needs "
+                     "sequence_batching { iterative_sequence: true } in the model's config")
 
     def _await_sender(self, pb_request: InferenceRequest) -> InferenceResponse | Error:
         """A non-decoupled request that execute returned None for while its sender is open:
@@ -408,6 +436,13 @@ def _check_returned(requests: list[InferenceRequest], returned: Any, instance: s
     responses: list[InferenceResponse | None] = []
     for request, item in zip(requests, returned, strict=True):
         sent = request.sent_response
+        if request.release_rescheduled():  # answered by a later execution
+            if item is not None:
+                raise pb_utils.TritonModelException(
+                    "Expected a None object in the execute function return list for "
+                    f"reschduled request, got {type(item)}")  # sic: Triton's text, matched
+            responses.append(None)
+            continue
         if item is None:
             if sent is None and (request._sender is None or request._sender.closed):
                 raise pb_utils.TritonModelException(

@@ -290,9 +290,14 @@ class InferenceRequest:
         return self._cancelled() if self._cancelled is not None else False
 
     def set_release_flags(self, flags: int) -> None:
-        if flags & TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
-            raise TritonModelException("request rescheduling is not supported yet")
+        """``TRITONSERVER_REQUEST_RELEASE_RESCHEDULE``: when ``execute`` returns, the request
+        is not answered but run again in a later batch (iterative sequence models; a
+        non-decoupled model returns None for it)."""
         self._release_flags = flags
+
+    def release_rescheduled(self) -> bool:
+        """shoal's: whether the model set ``TRITONSERVER_REQUEST_RELEASE_RESCHEDULE``."""
+        return bool(self._release_flags & TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
 
     def exec(self, decoupled: bool = False) -> Any:
         """BLS: run this request on model ``model_name``. Returns the ``InferenceResponse``
