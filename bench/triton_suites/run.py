@@ -833,6 +833,56 @@ def suite_qa_pb_request_rescheduling(ctx: Ctx) -> None:
         run_pytest(ctx, "qa_pb_request_rescheduling/grpc", "grpc_endpoint_test.py", d)
 
 
+def _model_processes(server: Server) -> list[int]:
+    """The processes that run the models: Triton's python stubs are the server's children;
+    shoal's workers are the broker's (the server's children are its broker and frontends,
+    whose death ends the server by design: the service manager restarts it)."""
+    assert server.proc is not None
+    children = _children(server.proc.pid)
+    if server.ctx.args.against == "triton":
+        return children
+    return [pid for child in children for pid in _children(child)
+            if "shoal.workers" in _cmdline(pid)]
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text(errors="replace")
+    except FileNotFoundError:
+        return ""  # it exited meanwhile
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "--parent", str(pid)], capture_output=True, text=True)
+    return [int(p) for p in out.stdout.split()]
+
+
+def suite_qa_pb_restart(ctx: Ctx) -> None:
+    """L0_backend_python/restart: restart_test.py's test_infer, then kill -9 of the processes
+    that run the models (Triton's stubs; shoal's workers, see ``_model_processes``),
+    test_restart, and test.sh's two /dev/shm checks (after that run, and after a second server
+    whose model processes were killed before it was stopped)."""
+    d = _pb_copy(ctx, "restart")
+    suite = "qa_pb_restart"
+    log = d / "restart_server.log"
+    before = _shm_pages()
+    with Server(ctx, d / "models", log, ["--log-verbose=1"]) as server:
+        run_pytest(ctx, suite, "restart_test.py::RestartTest::test_infer", d)
+        for pid in _model_processes(server):
+            os.kill(pid, signal.SIGKILL)
+        run_pytest(ctx, suite, "restart_test.py::RestartTest::test_restart", d)
+    left = _shm_left(ctx, before, log)
+    _check(ctx, suite, "shm clean after the restart run", not left, " ".join(sorted(left)))
+    log2 = d / "restart_server_2.log"
+    before = _shm_pages()
+    with Server(ctx, d / "models", log2, ["--log-verbose=1"]) as server:
+        for pid in _model_processes(server):
+            os.kill(pid, signal.SIGKILL)
+    left = _shm_left(ctx, before, log2)
+    _check(ctx, suite, "shm clean after killing the model processes", not left,
+           " ".join(sorted(left)))
+
+
 def suite_qa_pb_custom_metrics(ctx: Ctx) -> None:
     """L0_backend_python/custom_metrics: the custom_metrics model's unittest through
     test_infer_shm_leak.py."""
@@ -899,6 +949,7 @@ SUITES: dict[str, Callable[[Ctx], None]] = {
     "qa_pb_response_sender": suite_qa_pb_response_sender,
     "qa_pb_request_rescheduling": suite_qa_pb_request_rescheduling,
     "qa_pb_custom_metrics": suite_qa_pb_custom_metrics,
+    "qa_pb_restart": suite_qa_pb_restart,
     "qa_pb_logging": suite_qa_pb_logging,
 }
 

@@ -161,6 +161,7 @@ class WorkerProc:
             is_cancelled=self.cancelled.__contains__, bls=self.bls,
             lend_output=None if self.decoupled else self._lend_output,
             default_intra_op_threads=self.spec.intra_op_threads,
+            shm_free_bytes=lambda: self.arena.max_bytes - self.arena.used_bytes,
         )
         backend = create_backend(self.spec.backend, self.spec.model_dir, self.spec.version_dir,
                                  self.settings.backend_directory)

@@ -89,6 +89,21 @@ def test_killed_worker_fails_its_requests_fast_and_is_replaced(
     assert int(result.as_numpy("PID")[0]) != pid
 
 
+def test_a_request_right_after_an_idle_worker_was_killed_is_served_by_its_replacement(
+    small_repo: pathlib.Path, fresh_server_factory: list[ShoalServer]
+) -> None:
+    """Triton 2.51 fails the first request after its stub died ("Stub process ... is not
+    healthy", which Triton's L0_backend_python/restart expects); shoal's broker sees the death
+    at once and queues the request for the replacement (docs/triton-differences.md)."""
+    server = ShoalServer([str(small_repo)]).start()
+    fresh_server_factory.append(server)
+    client = httpclient.InferenceServerClient(server.url, network_timeout=60)
+    (pid,) = server.worker_pids("sleepy")
+    os.kill(pid, signal.SIGKILL)
+    result = client.infer("sleepy", _delay_input(0.0))
+    assert int(result.as_numpy("PID")[0]) != pid
+
+
 def test_model_not_ready_until_replacement_loaded(
     small_repo: pathlib.Path, fresh_server_factory: list[ShoalServer]
 ) -> None:

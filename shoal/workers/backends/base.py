@@ -82,6 +82,9 @@ class InstanceContext:
     # threads to use when neither the model's parameters nor --backend-config name a count.
     # 0: no policy (accelerator instances): the backend keeps its own default.
     default_intra_op_threads: int = 0
+    # Bytes the worker's shared-memory output arena can still take (its --shm-arena-byte-size
+    # less what live answers hold): the python backend's ``c_python_backend_utils`` reports it.
+    shm_free_bytes: Callable[[], int] | None = None
 
 
 @dataclass

@@ -54,7 +54,7 @@ from shoal.workers.backends.base import (
     Rescheduled,
     ResponseSink,
 )
-from shoal.workers.backends.python import pb_bls, pb_utils
+from shoal.workers.backends.python import c_utils, pb_bls, pb_utils
 from shoal.workers.backends.python.loader import import_model_file
 from shoal.workers.backends.python.pb_request import InferenceRequest, InferenceResponse
 from shoal.workers.backends.python.pb_tensor import TRITON_TO_WIRE, Tensor, host_array
@@ -117,6 +117,7 @@ class PythonBackend:
                              f"python model file '{os.path.basename(path)}' of model "
                              f"'{ctx.model_name}' does not define class TritonPythonModel")
         pb_utils.set_model_dir(os.path.dirname(os.path.abspath(path)))
+        c_utils.set_free_memory_probe(ctx.shm_free_bytes)
         self._model = model_class()
         if not hasattr(self._model, "execute"):
             raise ShoalError(ErrorCode.INVALID_ARG,

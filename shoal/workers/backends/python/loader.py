@@ -4,7 +4,8 @@ Triton appends the version dir and the model dir to ``sys.path`` and imports the
 ``<version>.model``, so a model can import sibling files directly (``import helpers``) or
 relatively (``from .helpers import x``). shoal does the same under a unique package name per load
 (``_shoal_pymodel_<n>``), so two models (or two loads of one) never share module objects.
-``triton_python_backend_utils`` is installed in ``sys.modules`` first.
+``triton_python_backend_utils`` (and ``c_python_backend_utils``, ``c_utils.py``) is installed
+in ``sys.modules`` first.
 """
 
 from __future__ import annotations
@@ -16,14 +17,16 @@ import sys
 import types
 
 from shoal.errors import invalid_arg
-from shoal.workers.backends.python import pb_utils
+from shoal.workers.backends.python import c_utils, pb_utils
 
 PB_UTILS_MODULE = "triton_python_backend_utils"
+C_UTILS_MODULE = "c_python_backend_utils"  # the stub's compiled module, imported by a few
 _load_counter = itertools.count()
 
 
 def install_pb_utils() -> None:
     sys.modules[PB_UTILS_MODULE] = pb_utils
+    sys.modules[C_UTILS_MODULE] = c_utils
 
 
 def import_model_file(model_path: str) -> types.ModuleType:

@@ -4,11 +4,10 @@ under that name in ``sys.modules`` before importing the model.
 
 BLS (``InferenceRequest.exec``/``async_exec``, ``ResponseIterator``) and model control
 (``load_model``/``unload_model``/``is_model_ready``) go through the worker's BLS connection
-(``pb_bls``). Differences from Triton, all explicit: request rescheduling raises
-``TritonModelException``; BLS outputs are always in host memory (``preferred_memory`` is
-accepted and ignored); custom metrics (``MetricFamily``, ``pb_metrics``) are exported on
-``GET :8002/metrics``, each instance keeping its own values; ``Logger`` writes to Python logging
-(logger ``shoal.model``).
+(``pb_bls``). Differences from Triton, all explicit: BLS outputs are always in host memory
+(``preferred_memory`` is accepted and ignored); custom metrics (``MetricFamily``,
+``pb_metrics``) are exported on ``GET :8002/metrics``, each instance keeping its own values;
+``Logger`` writes to Python logging (logger ``shoal.model``).
 This module imports no torch (auto-complete runs without it).
 """
 
