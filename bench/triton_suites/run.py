@@ -883,6 +883,39 @@ def suite_qa_pb_restart(ctx: Ctx) -> None:
            " ".join(sorted(left)))
 
 
+def suite_qa_pb_python_based_backends(ctx: Ctx) -> None:
+    """L0_backend_python/python_based_backends: a python-based backend ``add_sub`` in the
+    backend directory (models add v1/v2 and sub, configured by model.json), the add_sub python
+    model in two versions and gen_qa_pytorch_model.py's TorchScript add_sub_pytorch; explicit
+    mode, python_based_backends_test.py. shoal only: this tritonserver has no pytorch backend,
+    and its backend directory is the runner's."""
+    suite = "qa_pb_python_based_backends"
+    if ctx.args.against == "triton":
+        ctx.results.append(Result(suite, "python_based_backends_test.py", "skip",
+                                  "this tritonserver has no pytorch backend"))
+        return
+    d = _pb_copy(ctx, "python_based_backends")
+    pm = ctx.server_tree / "qa" / "python_models"
+    backends = _fresh(d / "backends")
+    (backends / "add_sub").mkdir()
+    shutil.copy(pm / "python_based_backends" / "add_sub_backend" / "model.py",
+                backends / "add_sub" / "model.py")
+    models = _fresh(d / "models")
+    for name, operation in (("add", "add"), ("sub", "sub")):
+        (models / name / "1").mkdir(parents=True)
+        (models / name / "1" / "model.json").write_text(f'{{ "operation": "{operation}" }}\n')
+        (models / name / "config.pbtxt").write_text('backend: "add_sub"\n')
+    shutil.copytree(models / "add" / "1", models / "add" / "2")
+    _pm(ctx, models, "add_sub")
+    shutil.copytree(models / "add_sub" / "1", models / "add_sub" / "2")
+    gen = ctx.server_tree / "qa" / "common" / "gen_qa_pytorch_model.py"
+    subprocess.run([PYTHON, str(gen), "-m", str(models)], check=True, capture_output=True)
+    with Server(ctx, models, d / "python_based_backends_server.log",
+                ["--backend-directory", str(backends), "--model-control-mode=explicit",
+                 "--log-verbose=1"]):
+        run_pytest(ctx, suite, "python_based_backends_test.py", d, timeout_each=180)
+
+
 def suite_qa_pb_custom_metrics(ctx: Ctx) -> None:
     """L0_backend_python/custom_metrics: the custom_metrics model's unittest through
     test_infer_shm_leak.py."""
@@ -950,6 +983,7 @@ SUITES: dict[str, Callable[[Ctx], None]] = {
     "qa_pb_request_rescheduling": suite_qa_pb_request_rescheduling,
     "qa_pb_custom_metrics": suite_qa_pb_custom_metrics,
     "qa_pb_restart": suite_qa_pb_restart,
+    "qa_pb_python_based_backends": suite_qa_pb_python_based_backends,
     "qa_pb_logging": suite_qa_pb_logging,
 }
 

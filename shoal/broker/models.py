@@ -53,6 +53,7 @@ from shoal.messages import (
 from shoal.process.devices import visible_gpu_count
 from shoal.settings import Settings
 from shoal.workers.backends.catalog import builtin_backend
+from shoal.workers.backends.python_based import python_based_backend_file
 
 logger = logging.getLogger(__name__)
 
@@ -66,14 +67,16 @@ def _applies_thread_policy(backend: str) -> bool:
     return entry is not None and entry.thread_policy
 
 
-def python_auto_complete(model_dir: str, config: object) -> object:
+def python_auto_complete(model_dir: str, config: object, backend_file: str | None = None
+                         ) -> object:
     """Run the model's ``auto_complete_config`` in a throw-away interpreter (as Triton runs it in a
-    separate stub), returning the completed config."""
+    separate stub), returning the completed config. ``backend_file``: a python-based backend's
+    model.py, which completes the configs of its models (else the model's own file)."""
     model_file = getattr(config, "default_model_filename", "") or "model.py"
     versions = sorted((int(d) for d in os.listdir(model_dir) if d.isdigit() and d[0] != "0"),
                       reverse=True)
     candidates = [os.path.join(model_dir, str(v), model_file) for v in versions]
-    model_py = next((c for c in candidates if os.path.isfile(c)), None)
+    model_py = backend_file or next((c for c in candidates if os.path.isfile(c)), None)
     if model_py is None:
         return config
     with open(model_py, encoding="utf-8", errors="replace") as f:
@@ -133,7 +136,10 @@ class ModelManager:
             default_max_batch = int(self.settings.backend_setting(
                 backend, "default-max-batch-size", "4"))
             return from_model_file(model_dir, config, default_max_batch)
-        completed: ModelConfig = python_auto_complete(model_dir, config)  # type: ignore[assignment]
+        backend_file = (python_based_backend_file(backend, self.settings.backend_directory)
+                        if entry is None else None)
+        completed: ModelConfig = python_auto_complete(  # type: ignore[assignment]
+            model_dir, config, backend_file)
         return completed
 
     # ------------------------------------------------------------------ repository

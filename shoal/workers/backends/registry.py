@@ -39,11 +39,11 @@ from shoal.errors import ErrorCode, ShoalError, invalid_arg
 from shoal.workers.backends.base import Backend
 from shoal.workers.backends.catalog import builtin_backend, builtin_backends
 from shoal.workers.backends.not_built_in import not_built_in
+from shoal.workers.backends.python_based import MODULE_PREFIX, python_based_backend_file
 
 logger = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "shoal.backends"
-MODULE_PREFIX = "shoal_backend_"
 BACKEND_CLASS = "ShoalBackend"
 _NAME = re.compile(r"[A-Za-z0-9_.\-]+")
 _import_counter = itertools.count()
@@ -97,8 +97,8 @@ def _from_backend_directory(name: str, directory: str) -> Backend | None:
     backend = _from_directory(name, directory)
     if backend is not None:
         return backend
-    model_py = os.path.join(directory, "model.py")
-    if os.path.isfile(model_py):
+    model_py = python_based_backend_file(name, os.path.dirname(directory))
+    if model_py is not None:
         from shoal.workers.backends.python.backend import PythonBackend
 
         logger.info("backend '%s' is a python-based backend (%s)", name, model_py)

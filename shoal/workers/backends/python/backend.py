@@ -116,7 +116,9 @@ class PythonBackend:
             raise ShoalError(ErrorCode.INVALID_ARG,
                              f"python model file '{os.path.basename(path)}' of model "
                              f"'{ctx.model_name}' does not define class TritonPythonModel")
-        pb_utils.set_model_dir(os.path.dirname(os.path.abspath(path)))
+        # the version directory, also for a python-based backend whose model.py lives in the
+        # backend directory (Triton's stub: the directory of <version_dir>/model.py)
+        pb_utils.set_model_dir(os.path.abspath(ctx.version_dir))
         c_utils.set_free_memory_probe(ctx.shm_free_bytes)
         self._model = model_class()
         if not hasattr(self._model, "execute"):
