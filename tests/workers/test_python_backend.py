@@ -392,3 +392,19 @@ def test_is_ready_uses_the_model_hook(tmp_path: pathlib.Path) -> None:
     backend = load(tmp_path, model)
     assert backend.is_ready() is False
     assert load(tmp_path / "other", IDENTITY_MODEL).is_ready() is True
+
+
+def test_an_execution_env_path_is_named_in_a_warning_and_the_model_still_loads(
+        tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture) -> None:
+    config = ADD_SUB_CONFIG + ('parameters { key: "EXECUTION_ENV_PATH" value: { string_value: '
+                               '"$$TRITON_MODEL_DIRECTORY/env.tar.gz" } }\n')
+    with caplog.at_level("WARNING"):
+        backend = load(tmp_path, ADD_SUB_MODEL, config)
+    try:
+        assert any("EXECUTION_ENV_PATH" in r.getMessage() and "env.tar.gz" in r.getMessage()
+                   for r in caplog.records)
+        x = vectors(3)
+        outputs = by_name(ok(backend.execute([make_request(0, x)])[0]))
+        np.testing.assert_allclose(outputs["OUTPUT0"], x["INPUT0"] + x["INPUT1"])
+    finally:
+        backend.unload()

@@ -104,6 +104,11 @@ class PythonBackend:
         self._input_reshapes = reshapes(config.input)
         self._output_reshapes = reshapes(config.output)
         self._batching = config.max_batch_size > 0
+        if "EXECUTION_ENV_PATH" in config.parameters:
+            logger.warning("model instance '%s': parameters['EXECUTION_ENV_PATH'] is not "
+                           "served: the model runs in the server's Python environment, not in "
+                           "%s", ctx.instance_name,
+                           config.parameters["EXECUTION_ENV_PATH"].string_value)
         path = self._model_path_override or os.path.join(
             ctx.version_dir, config.default_model_filename or DEFAULT_MODEL_FILENAME)
         # the model sees the command line of Triton's stub (an embedded interpreter: ['']),
