@@ -106,8 +106,9 @@ class Server:
         out = self.log.open("wb")
         if self.extra_env:
             env = {**(env if env is not None else os.environ), **self.extra_env}
+        # from the test's directory, as test.sh runs it (models open paths relative to it)
         self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
-                                     start_new_session=True, env=env)
+                                     start_new_session=True, env=env, cwd=self.log.parent)
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -625,20 +626,56 @@ BLS_MODELS = ("bls", "dlpack_add_sub", "bls_async", "bls_memory", "bls_memory_as
               "identity_fp32_timeout")
 
 
+def _qa_data(ctx: Ctx) -> Path | None:
+    """Triton's QA data directory, the part of it the CPU suites use, made by Triton's own
+    generators (gen_qa_models.py --onnx --libtorch into qa_model_repository/,
+    gen_qa_implicit_models.py --onnx into qa_sequence_implicit_model_repository/), once per
+    work directory. None against tritonserver: this one has neither backend."""
+    if ctx.args.against == "triton":
+        return None
+    data = ctx.work / "qa_data"
+    common = ctx.server_tree / "qa" / "common"
+    for script, flags, out in (
+            ("gen_qa_models.py", ["--onnx", "--libtorch"], "qa_model_repository"),
+            ("gen_qa_implicit_models.py", ["--onnx"], "qa_sequence_implicit_model_repository")):
+        if not (data / out).is_dir():
+            subprocess.run([PYTHON, script, *flags, "--models_dir", str(data / out)],
+                           cwd=common, check=True, capture_output=True)
+    return data
+
+
+def _cpu_copy(src: Path, dst: Path) -> None:
+    """A generated model, its instances on the CPU: Triton's generators write KIND_GPU (their
+    data directory is made for GPU machines), which neither server can place here."""
+    shutil.copytree(src, dst)
+    cfg = dst / "config.pbtxt"
+    cfg.write_text(cfg.read_text().replace("KIND_GPU", "KIND_CPU"))
+
+
 def suite_qa_pb_bls(ctx: Ctx) -> None:
     """L0_backend_python/bls: the four BLS unittest models (bls, bls_memory, bls_memory_async,
     bls_async) in both BLS_KIND trials, each run through test_infer_shm_leak.py, the
     "Request timeout: 11000000000" log check, bls_init_error / bls_finalize_error,
     bls_model_loading and bls_parameters_test.py. Left out: the CUDA memory-pool sizes (one
-    server per trial, no --cuda-memory-pool-byte-size), and the models of other backends the
-    test.sh copies from its data dir (onnx_nobatch_sequence_int32, libtorch_cpu/_gpu,
-    onnx_int32_int32_int32): the bls models' sub-tests that call them fail without them, on
-    either server, so test_shm_leak of those models is expected to fail here."""
+    server per trial, no --cuda-memory-pool-byte-size) and libtorch_gpu (a KIND_GPU model).
+    The models of other backends test.sh copies from its data dir (onnx_nobatch_sequence_int32,
+    libtorch_cpu, onnx_int32_int32_int32) come from ``_qa_data`` against shoal; tritonserver
+    here has neither backend, so the bls models' sub-tests that call them fail there."""
     d = _pb_copy(ctx, "bls")
     suite = "qa_pb_bls"
     models = _fresh(d / "models")
     for m in BLS_MODELS:
         _pm(ctx, models, m)
+    data = _qa_data(ctx)
+    if data is not None:
+        _cpu_copy(data / "qa_sequence_implicit_model_repository" / "onnx_nobatch_sequence_int32",
+                  models / "onnx_nobatch_sequence_int32")
+        libtorch = models / "libtorch_cpu"
+        shutil.copytree(data / "qa_model_repository" / "libtorch_nobatch_float32_float32_float32",
+                        libtorch)
+        cfg = (libtorch / "config.pbtxt").read_text().replace(
+            "libtorch_nobatch_float32_float32_float32", "libtorch_cpu")
+        (libtorch / "config.pbtxt").write_text(cfg + "\ninstance_group [ { kind: KIND_CPU} ]\n")
     ex = ctx.pb_tree / "examples" / "decoupled"
     _copy_model(ex / "square_model.py", ex / "square_config.pbtxt", models, "square_int32")
     for trial in ("non_decoupled", "decoupled"):
@@ -667,6 +704,10 @@ def suite_qa_pb_bls(ctx: Ctx) -> None:
            f"ready={ready}, message {'found' if error in log.read_text() else 'missing'}")
     models = _fresh(d / "models")
     _pm(ctx, models, "bls_model_loading")
+    if data is not None:  # only versions 2 and 3 are valid version directories
+        _cpu_copy(data / "qa_model_repository" / "onnx_int32_int32_int32",
+                  models / "onnx_int32_int32_int32")
+        shutil.rmtree(models / "onnx_int32_int32_int32" / "1")
     with Server(ctx, models, d / "bls_model_loading_server.log",
                 ["--model-control-mode=explicit", "--log-verbose=1"]):
         req = urllib.request.Request(
