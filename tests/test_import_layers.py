@@ -25,17 +25,7 @@ FLOORS: dict[str, int] = {
 GROUND = 6  # every other top-level room of the package
 
 # (importing module, imported module) -> what is left to do
-KNOWN: dict[tuple[str, str], str] = {
-    ("shoal.frontend.http.lean", "shoal.frontend.http.guard"):
-        "a circle: lean types the uvicorn protocol subclass guard.py defines; goes with "
-        "serving HTTP without subclassing uvicorn's protocol",
-    ("shoal.workers.backends.python.pb_bls", "shoal.workers.backends.python.pb_request"):
-        "a circle: the request and its BLS exec share one module's types",
-    ("shoal.workers.backends.python.pb_request", "shoal.workers.backends.python.pb_bls"):
-        "the other half of that circle",
-    ("shoal.frontend.http.guard", "shoal.frontend.http.lean"):
-        "the other half of the guard/lean circle",
-}
+KNOWN: dict[tuple[str, str], str] = {}  # empty: no circle and no arrow up is left
 
 
 def _modules() -> dict[str, pathlib.Path]:

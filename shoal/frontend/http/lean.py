@@ -37,7 +37,7 @@ import asyncio
 import logging
 import urllib.parse
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import httptools
 from starlette.responses import Response
@@ -52,7 +52,6 @@ from shoal.trace.record import HTTP_RECV_END, HTTP_RECV_START, HTTP_SEND_END, HT
 
 if TYPE_CHECKING:
     from shoal.frontend.core.dataplane import DataPlane
-    from shoal.frontend.http.guard import GuardedHttpProtocol
     from shoal.frontend.http.restricted import HttpGate
     from shoal.trace.record import RequestTrace
     from shoal.trace.sampling import Tracer
@@ -125,7 +124,7 @@ class LeanInfer:
         routes[url] = route
         return route
 
-    def begin(self, protocol: GuardedHttpProtocol) -> LeanInferCycle | None:
+    def begin(self, protocol: GuardedConnection) -> LeanInferCycle | None:
         """Called from the protocol's ``on_headers_complete``: a started (or queued, when
         pipelined) cycle for an infer request; None for any other request."""
         route = self.route(protocol.parser.get_method(), protocol.url)
@@ -142,6 +141,38 @@ class LeanInfer:
             protocol.flow.pause_reading()
             protocol.pipeline.appendleft((cycle, None))  # type: ignore[arg-type]
         return cycle
+
+
+class GuardedConnection(Protocol):
+    """What the lean path uses of its connection's protocol, ``guard.GuardedHttpProtocol``
+    (uvicorn's ``HttpToolsProtocol`` with the guard's body accounting): named here so this
+    module needs no import of guard.py, which imports it. uvicorn's own types are ``Any``."""
+
+    parser: httptools.HttpRequestParser
+    url: bytes
+    cycle: Any
+    flow: Any
+    pipeline: Any
+    loop: asyncio.AbstractEventLoop
+    transport: Any
+    server_state: Any
+    headers: list[tuple[bytes, bytes]]
+    expect_100_continue: bool
+    access_log: bool
+    access_logger: logging.Logger
+    client: Any
+    _body_bytes: int
+    _deadline: float
+    _body_timeout_s: float
+
+    def _start_asgi_task(self, cycle: Any, app: Any) -> None: ...
+    def _unset_keepalive_if_required(self) -> None: ...
+    def on_message_complete(self) -> None: ...
+    def on_response_complete(self) -> None: ...
+    def eof_received(self) -> None: ...
+    def connection_lost(self, exc: Exception | None) -> None: ...
+    def pause_writing(self) -> None: ...
+    def resume_writing(self) -> None: ...
 
 
 def request_parser(protocol: object) -> httptools.HttpRequestParser:
@@ -232,7 +263,7 @@ class _BodyReader(asyncio.BufferedProtocol):
 class LeanInferCycle:
     """One infer request on one connection (see the module doc). Runs on the event loop."""
 
-    def __init__(self, lean: LeanInfer, protocol: GuardedHttpProtocol, model: str,
+    def __init__(self, lean: LeanInfer, protocol: GuardedConnection, model: str,
                  version: str | None, http_version: str, keep_alive: bool) -> None:
         self.lean = lean
         self.protocol = protocol
@@ -270,7 +301,7 @@ class LeanInferCycle:
 
     # ------------------------------------------------------------------ body (protocol side)
 
-    def _body_slot_for(self, protocol: GuardedHttpProtocol) -> BodySlot | None:
+    def _body_slot_for(self, protocol: GuardedConnection) -> BodySlot | None:
         headers = self.headers
         length = headers.get("content-length", "")
         if not length.isdigit() or int(length) < BODY_SLOT_MIN_BYTES:
@@ -489,6 +520,6 @@ class LeanInferCycle:
         protocol.on_response_complete()
 
 
-def _client(protocol: GuardedHttpProtocol) -> str:
+def _client(protocol: GuardedConnection) -> str:
     client = protocol.client
     return f"{client[0]}:{client[1]}" if client else "-"

@@ -33,6 +33,7 @@ from shoal.workers.backends.python.pb_request import (
     InferenceRequest,
     InferenceResponse,
     TritonError,
+    install_bls,
     text_argument,
 )
 from shoal.workers.backends.python.pb_tensor import (
@@ -242,3 +243,6 @@ def is_model_ready(model_name: str | bytes, model_version: str = "") -> bool:
     except (ShoalError, ValueError) as exc:
         message = exc.message if isinstance(exc, ShoalError) else str(exc)
         raise TritonModelException(f"Failed to check model readiness: {message}") from None
+
+
+install_bls(execute, async_execute)  # InferenceRequest.exec / async_exec run these

@@ -1,9 +1,10 @@
 """``pb_utils`` request / response / error types, with Triton python_backend semantics.
 
 BLS: ``InferenceRequest(model_name=..., ...).exec()`` / ``async_exec()`` call another model of
-the server (``pb_bls``). Not supported yet (raises ``TritonModelException``): request
-rescheduling. ``get_response_sender`` follows the non-decoupled rules (exactly one response,
-then FINAL, before or after execute returns), or streams each send out for decoupled models.
+the server through the runner ``pb_bls`` installs here when it is imported (``install_bls``: the
+arrow runs from pb_bls to this module only). ``get_response_sender`` follows the
+non-decoupled rules (exactly one response, then FINAL, before or after execute returns), or
+streams each send out for decoupled models.
 """
 
 from __future__ import annotations
@@ -23,6 +24,16 @@ TRITONSERVER_REQUEST_RELEASE_ALL = 1
 TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
 TRITONSERVER_MEMORY_GPU = 0
 TRITONSERVER_MEMORY_CPU = 1
+
+BlsRun = Callable[["InferenceRequest", bool], Any]  # (request, decoupled) -> the answer
+_bls_execute: BlsRun | None = None
+_bls_async_execute: BlsRun | None = None
+
+
+def install_bls(execute: BlsRun, async_execute: BlsRun) -> None:
+    """``pb_bls`` at import: what ``exec`` / ``async_exec`` run."""
+    global _bls_execute, _bls_async_execute
+    _bls_execute, _bls_async_execute = execute, async_execute
 
 
 class TritonError:
@@ -303,16 +314,16 @@ class InferenceRequest:
         """BLS: run this request on model ``model_name``. Returns the ``InferenceResponse``
         (a failure is ``response.has_error()``, never raised), or with ``decoupled=True`` a
         ``ResponseIterator`` of every response."""
-        from shoal.workers.backends.python import pb_bls
-
-        return pb_bls.execute(self, decoupled)
+        if _bls_execute is None:
+            raise TritonModelException("BLS is not available outside a python model's worker")
+        return _bls_execute(self, decoupled)
 
     def async_exec(self, decoupled: bool = False) -> Any:
         """``exec`` as an awaitable (from an ``async def execute``); several awaited together
         run concurrently."""
-        from shoal.workers.backends.python import pb_bls
-
-        return pb_bls.async_execute(self, decoupled)
+        if _bls_async_execute is None:
+            raise TritonModelException("BLS is not available outside a python model's worker")
+        return _bls_async_execute(self, decoupled)
 
     @property
     def sent_response(self) -> InferenceResponse | None:
