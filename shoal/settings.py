@@ -1,4 +1,4 @@
-"""Server settings: parsed once by the CLI (``frontend/cli.py``) into ``Settings`` and passed down
+"""Server settings: parsed once by the CLI (``server/cli.py``) into ``Settings`` and passed down
 to every process as JSON (``to_json``/``from_json``). Nothing below the entry functions reads the
 environment or argv.
 

@@ -13,7 +13,7 @@ import logging
 import math
 import time
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import zmq
 
@@ -70,6 +70,7 @@ from shoal.messages import (
     WorkerLoadFailed,
     WorkerReady,
     WorkerShutdown,
+    WorkerSpec,
 )
 from shoal.settings import Settings
 from shoal.shm.sweep import remove_segments_with_prefix
@@ -84,9 +85,17 @@ _LIFECYCLE_PERIOD_S = 0.05
 _HEALTH_PERIOD_S = 0.25
 
 
+WorkerSpawner = Callable[[WorkerSpec, float], WorkerHandle]
+
+
 class BrokerLoop:
-    def __init__(self, settings: Settings, models: ModelManager) -> None:
+    def __init__(self, settings: Settings, models: ModelManager,
+                 spawn_worker: WorkerSpawner = spawn_worker) -> None:
+        """``spawn_worker`` starts a model instance's process (``pool.spawn_worker``); the
+        in-process test harness (``tests/broker/harness.py``) passes one that starts a stand-in
+        speaking the worker protocol from the test process."""
         self.settings = settings
+        self.spawn_worker = spawn_worker
         self.models = models
         self.context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self.frontends = FrontendLink(self.context, f"ipc://{settings.runtime_dir}/frontend.sock",
@@ -126,7 +135,7 @@ class BrokerLoop:
     def spawn(self, runtime: ModelVersionRuntime, slot: InstanceSlot, now: float) -> None:
         self.spawn_counter += 1
         spec = self.models.worker_spec(runtime, slot, self.spawn_counter, self.worker_endpoint)
-        handle = spawn_worker(spec, now)
+        handle = self.spawn_worker(spec, now)
         slot.worker, slot.restart_at = handle, None
         self.workers.add(handle, runtime, slot)
         runtime.refresh_state()
