@@ -10,17 +10,23 @@ interpreter (``npu_count``), so KIND_GPU instances are placed on Ascend NPUs 0..
 worker maps each to "npu:<id>". Only the mapping is tested (with a stand-in ``torch_npu``
 package that reports a device count); nothing here has run on Ascend hardware.
 
-Test-only fake GPUs: ``SHOAL_FAKE_GPUS="0:2GiB,1:2GiB"`` in the server's environment declares
-GPUs 0..N-1 and their memory sizes. ``visible_gpu_count`` then returns N (CUDA_VISIBLE_DEVICES
-and the driver are ignored), the broker's device-memory ledger uses the sizes, and
-``resolve_device`` runs a KIND_GPU / KIND_MODEL instance on "cpu", so a CPU-only machine drives
-device admission end to end through real processes. A malformed value is INVALID_ARG naming the
-variable. Never set it in production. Unset (or empty), nothing changes.
+Declared devices: ``SHOAL_DEVICE_INVENTORY="package.module:name"`` in the server's environment
+names a callable taking no arguments that returns ``dict[int, int]``, GPU id -> bytes of memory,
+with ids 0..N-1 (``declared_gpus``). When set, the server uses exactly those GPUs:
+``visible_gpu_count`` returns N (CUDA_VISIBLE_DEVICES and the driver are ignored), the broker's
+device-memory ledger uses the sizes as capacities, and ``resolve_device`` places a KIND_GPU /
+KIND_MODEL instance of a declared id on "cpu". The hook exists so a CPU-only machine can drive
+device admission end to end through real processes; the stand-in the test suite declares lives
+in ``tests/fakes/gpus.py``. The callable is imported and called in every process that asks (the
+broker and each worker), so its module must be importable there (PYTHONPATH) and it must give
+the same answer each time. A malformed value, an import failure, a provider that raises, or a
+result of the wrong shape is INVALID_ARG naming the variable. Unset (or empty), nothing changes.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 import importlib.util
 import logging
 import math
@@ -41,8 +47,9 @@ NVIDIA_PROC_GPUS = "/proc/driver/nvidia/gpus"
 _NPU_COUNT_SCRIPT: Final = ("import torch, torch_npu\n"
                             "print(torch.npu.device_count() if torch.npu.is_available() else 0)")
 _NPU_COUNT_TIMEOUT_S: Final = 120.0
-FAKE_GPUS_ENV: Final = "SHOAL_FAKE_GPUS"
-_FAKE_GPUS_FORM: Final = "'<id>:<size>,...' with ids 0..N-1, e.g. '0:2GiB,1:2GiB'"
+DEVICE_INVENTORY_ENV: Final = "SHOAL_DEVICE_INVENTORY"
+_INVENTORY_FORM: Final = ("'<package.module>:<name>', naming a callable that takes no arguments "
+                          "and returns {gpu id: memory bytes} with ids 0..N-1")
 _BYTE_SIZE: Final = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*", re.IGNORECASE)
 _BYTE_UNITS: Final = {
     "": 1, "b": 1,
@@ -63,37 +70,61 @@ def parse_byte_size(text: str) -> int:
     return math.ceil(Fraction(match.group(1)) * unit)
 
 
-def fake_gpus(environ: Mapping[str, str] | None = None) -> dict[int, int] | None:
-    """The test-only fake GPUs of SHOAL_FAKE_GPUS (see the module docstring): {id: bytes}, or
-    None when the variable is unset or empty. INVALID_ARG naming the variable when malformed."""
-    value = (os.environ if environ is None else environ).get(FAKE_GPUS_ENV, "").strip()
+def declared_gpus(environ: Mapping[str, str] | None = None) -> dict[int, int] | None:
+    """The GPUs SHOAL_DEVICE_INVENTORY declares (see the module docstring): {id: bytes} with ids
+    0..N-1 and positive sizes (N may be 0: no GPUs), or None when the variable is unset or
+    empty. Only the variable is read from ``environ``; the provider reads what it needs itself.
+    INVALID_ARG naming the variable when the value is not "<module>:<name>", the module does
+    not import, the name is not a callable, the call raises, or the result has the wrong shape
+    (a ShoalError the provider raises keeps its message, prefixed)."""
+    value = (os.environ if environ is None else environ).get(DEVICE_INVENTORY_ENV, "").strip()
     if not value:
         return None
-    gpus: dict[int, int] = {}
-    for entry in value.split(","):
-        device, sep, size = entry.partition(":")
-        try:
-            device_id, nbytes = int(device), parse_byte_size(size)
-        except ValueError:
-            device_id, nbytes = -1, 0
-        if not sep or device_id < 0 or nbytes <= 0 or device_id in gpus:
-            raise _fake_gpus_error(value, f"bad entry '{entry.strip()}'")
-        gpus[device_id] = nbytes
-    if sorted(gpus) != list(range(len(gpus))):
-        raise _fake_gpus_error(value, f"ids {sorted(gpus)} are not 0..{len(gpus) - 1}")
-    return gpus
+    module_name, sep, attribute = (part.strip() for part in value.partition(":"))
+    if not sep or not module_name or not attribute.isidentifier():
+        raise _inventory_error(value, "not '<package.module>:<name>'")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # any failure to import (ImportError, SyntaxError, ...)
+        raise _inventory_error(value, f"cannot import '{module_name}': "
+                                      f"{type(exc).__name__}: {exc}") from exc
+    provider = getattr(module, attribute, None)
+    if not callable(provider):
+        raise _inventory_error(value, f"'{module_name}' has no callable '{attribute}'")
+    try:
+        result = provider()
+    except ShoalError as exc:
+        raise _inventory_error(value, f"the provider failed: {exc.message}") from exc
+    except Exception as exc:
+        raise _inventory_error(value, f"the provider failed: "
+                                      f"{type(exc).__name__}: {exc}") from exc
+    return _checked_inventory(value, result)
 
 
-def _fake_gpus_error(value: str, problem: str) -> ShoalError:
-    return invalid_arg(f"{FAKE_GPUS_ENV} (test-only) must be {_FAKE_GPUS_FORM}; got '{value}': "
+def _checked_inventory(value: str, result: object) -> dict[int, int]:
+    """``result`` as {id: bytes} when it is a dict of int ids 0..N-1 to positive int sizes."""
+    if not isinstance(result, dict):
+        raise _inventory_error(value, f"the provider returned a {type(result).__name__}, "
+                                      f"not a dict")
+    for device, size in result.items():
+        if type(device) is not int or type(size) is not int or size <= 0:  # bool is no int here
+            raise _inventory_error(value, f"bad entry {device!r}: {size!r} (an int id to a "
+                                          f"positive int number of bytes)")
+    if sorted(result) != list(range(len(result))):
+        raise _inventory_error(value, f"ids {sorted(result)} are not 0..{len(result) - 1}")
+    return {device: result[device] for device in sorted(result)}
+
+
+def _inventory_error(value: str, problem: str) -> ShoalError:
+    return invalid_arg(f"{DEVICE_INVENTORY_ENV} must be {_INVENTORY_FORM}; got '{value}': "
                        f"{problem}")
 
 
 def resolve_device(kind: str, device_id: int, environ: Mapping[str, str] | None = None) -> str:
     """"CPU" -> "cpu"; "GPU" -> "cuda:<id>" or "npu:<id>"; "MODEL" -> the accelerator when one is
     visible, else "cpu" (the model places itself). Accepts "KIND_"-prefixed names too. Under
-    SHOAL_FAKE_GPUS (test-only), a listed GPU id and MODEL -> "cpu"; an unlisted GPU id is the
-    usual INVALID_ARG."""
+    SHOAL_DEVICE_INVENTORY (declared devices), a declared GPU id and MODEL -> "cpu"; an
+    undeclared GPU id is the usual INVALID_ARG."""
     name = kind.upper().removeprefix("KIND_")
     if name == "CPU":
         return "cpu"
@@ -101,11 +132,11 @@ def resolve_device(kind: str, device_id: int, environ: Mapping[str, str] | None 
         raise invalid_arg(f"unknown instance group kind '{kind}'")
     if device_id < 0:
         raise invalid_arg(f"instance group device id must be >= 0, got {device_id}")
-    fake = fake_gpus(environ)
-    if fake is not None:
-        if name == "GPU" and device_id not in fake:
+    declared = declared_gpus(environ)
+    if declared is not None:
+        if name == "GPU" and device_id not in declared:
             raise invalid_arg(f"instance group asks for GPU device {device_id}, but only "
-                              f"{len(fake)} device(s) are visible ({FAKE_GPUS_ENV})")
+                              f"{len(declared)} device(s) are visible ({DEVICE_INVENTORY_ENV})")
         return "cpu"
     device = _accelerator(device_id)
     if device is not None:
@@ -151,12 +182,12 @@ def visible_gpu_count(proc_dir: str = NVIDIA_PROC_GPUS,
     CUDA_VISIBLE_DEVICES: an empty value hides every device; the list is read up to its first
     invalid entry (as the CUDA runtime does); UUID / MIG entries count as one device each.
     Without NVIDIA GPUs: the Ascend NPUs the installed runtime sees (``npu_count``).
-    Under SHOAL_FAKE_GPUS (test-only): the number of fake GPUs, whatever the driver says.
+    Under SHOAL_DEVICE_INVENTORY: the number of declared GPUs, whatever the driver says.
     """
     env = os.environ if environ is None else environ
-    fake = fake_gpus(env)
-    if fake is not None:
-        return len(fake)
+    declared = declared_gpus(env)
+    if declared is not None:
+        return len(declared)
     nvidia = _nvidia_count(proc_dir, env)
     return nvidia if nvidia > 0 else npu_count(env)
 

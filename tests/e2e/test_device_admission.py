@@ -1,7 +1,7 @@
-"""Device memory admission through the real processes, on the test-only fake GPUs
-(``SHOAL_FAKE_GPUS``): two KIND_GPU models that each fit the device limit alone but not together
-— the second load is refused with the device, the need and what is free, the first keeps
-serving; unloading the first gives the memory back."""
+"""Device memory admission through the real processes, on the test suite's fake GPUs
+(``tests.fakes.gpus``, declared through ``SHOAL_DEVICE_INVENTORY``): two KIND_GPU models that
+each fit the device limit alone but not together — the second load is refused with the device,
+the need and what is free, the first keeps serving; unloading the first gives the memory back."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from tritonclient.utils import InferenceServerException
 from tests.e2e.conftest import serving
 from tests.e2e.control_models import config_pbtxt, infer_probe, probe_config, probe_model
 from tests.e2e.server import ShoalServer
+from tests.fakes.gpus import fake_gpus_env
 
 
 def _gpu_probe(repo: pathlib.Path, name: str, tag: int) -> None:
@@ -31,7 +32,7 @@ def test_second_load_over_the_limit_is_refused(tmp_path: pathlib.Path) -> None:
     _gpu_probe(tmp_path, "gpu_b", 2)
     args = ["--model-control-mode=explicit", "--model-load-device-limit=0:0.5",
             "--model-load-device-margin-bytes=0"]
-    env = {"SHOAL_FAKE_GPUS": "0:1GiB"}  # limit: 512 MiB; each model needs 300 MiB
+    env = fake_gpus_env("0:1GiB")  # limit: 512 MiB; each model needs 300 MiB
     with serving(ShoalServer([str(tmp_path)], args, env=env)) as srv:
         client = httpclient.InferenceServerClient(srv.url)
         client.load_model("gpu_a")

@@ -1,6 +1,7 @@
-"""The test-only fake GPUs (``SHOAL_FAKE_GPUS``) through real processes: on a CPU-only machine a
-KIND_GPU python model loads as a GPU instance (its ``args`` say kind GPU, device 0), runs on the
-CPU, and serves over HTTP."""
+"""The test suite's fake GPUs (``tests.fakes.gpus``, declared to the server through
+``SHOAL_DEVICE_INVENTORY``) through real processes: on a CPU-only machine a KIND_GPU python
+model loads as a GPU instance (its ``args`` say kind GPU, device 0), runs on the CPU, and
+serves over HTTP."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import tritonclient.http as httpclient
 
 from tests.e2e.conftest import serving
 from tests.e2e.server import ShoalServer
+from tests.fakes.gpus import fake_gpus_env
 
 pytestmark = pytest.mark.e2e
 
@@ -58,7 +60,7 @@ def gpu_repo(tmp_path: pathlib.Path) -> pathlib.Path:
 
 
 def test_a_gpu_instance_serves_on_the_cpu_under_fake_gpus(gpu_repo: pathlib.Path) -> None:
-    server = ShoalServer([str(gpu_repo)], env={"SHOAL_FAKE_GPUS": "0:1GiB"})
+    server = ShoalServer([str(gpu_repo)], env=fake_gpus_env("0:1GiB"))
     with serving(server):
         client = httpclient.InferenceServerClient(server.url)
         config = client.get_model_config("on_gpu")

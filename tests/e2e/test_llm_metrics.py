@@ -32,6 +32,7 @@ from tests.e2e.test_llm_serving import (  # noqa: F401  (module fixtures, shared
     tensor_inputs,
     tokenizer,
 )
+from tests.fakes.gpus import fake_gpus_env
 from tests.ops.live import tiny_llm_model
 
 LABELS = {"model": "llm", "version": "1"}
@@ -210,7 +211,7 @@ def test_the_device_ledger_holds_the_kv_pool_and_weights_from_load_to_unload(
                                    "instance_group [ { count: 1 kind: KIND_GPU gpus: [ 0 ] } ]"))
     args = ["--model-control-mode=explicit", "--load-model=llm",
             "--model-load-device-margin-bytes=0"]
-    with serving(ShoalServer([str(tmp_path)], args, env={"SHOAL_FAKE_GPUS": "0:2GiB"})) as srv:
+    with serving(ShoalServer([str(tmp_path)], args, env=fake_gpus_env("0:2GiB"))) as srv:
         memory = llm_stats(srv)["memory"]  # what the executor allocated
         samples = scrape(srv)
         held = {part: reserved(samples, part) for part in ("kv_pool", "weights", "margin")}

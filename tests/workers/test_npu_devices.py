@@ -19,6 +19,10 @@ from tests.workers.fake_npu import write_fake_torch_npu
 # The count runs a child interpreter that imports torch: slow on a loaded machine.
 pytestmark = pytest.mark.timeout(300)
 
+# Declared devices (SHOAL_DEVICE_INVENTORY, the test suite's fake GPUs) win over the NPU count:
+# kept out of every environment here.
+DECLARED_DEVICES = ("SHOAL_DEVICE_INVENTORY", "SHOAL_FAKE_GPUS")
+
 
 @pytest.fixture
 def fake_npus(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
@@ -29,7 +33,8 @@ def fake_npus(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> Iterat
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(root), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    env.pop("SHOAL_FAKE_GPUS", None)
+    for key in DECLARED_DEVICES:
+        env.pop(key, None)
     yield env
     sys.modules.pop("torch_npu", None)
 
@@ -47,13 +52,13 @@ def test_nvidia_gpus_win_over_npus(fake_npus: dict[str, str], tmp_path: pathlib.
 
 
 def test_no_torch_npu_counts_nothing(tmp_path: pathlib.Path) -> None:
-    env = {key: value for key, value in os.environ.items() if key != "SHOAL_FAKE_GPUS"}
+    env = {key: value for key, value in os.environ.items() if key not in DECLARED_DEVICES}
     assert npu_count(env) == 0
     assert visible_gpu_count(str(tmp_path / "no-nvidia-driver"), env) == 0
 
 
 def test_instances_map_to_npu_devices(fake_npus: dict[str, str]) -> None:
-    env = {key: value for key, value in fake_npus.items() if key != "SHOAL_FAKE_GPUS"}
+    env = {key: value for key, value in fake_npus.items() if key not in DECLARED_DEVICES}
     assert resolve_device("KIND_GPU", 1, env) == "npu:1"
     assert resolve_device("MODEL", 0, env) == "npu:0"
     with pytest.raises(ShoalError) as caught:

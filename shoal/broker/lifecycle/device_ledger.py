@@ -20,8 +20,9 @@ Each reservation keeps these parts per device (``DeviceHolder.parts``: ``weights
 
 Capacities come from ``nvidia-smi`` (``discover_capacities``); the broker never imports torch or
 creates a CUDA context. Ascend NPUs are not queried: a device whose capacity is unknown is
-admitted unchecked (its reservations are still recorded) unless the test-only SHOAL_FAKE_GPUS
-gives its size.
+admitted unchecked (its reservations are still recorded). Under SHOAL_DEVICE_INVENTORY (declared
+devices, ``shoal.process.devices.declared_gpus``) the declared sizes are the capacities and
+nvidia-smi is not asked.
 
 Threads: ``DeviceLedger`` is pure (no clock, no I/O) and single-threaded (the broker loop).
 """
@@ -42,7 +43,7 @@ from shoal.errors import invalid_arg
 from shoal.messages import DeviceMemory, DeviceMemoryHolder
 from shoal.process.devices import (
     cuda_visible_entries,
-    fake_gpus,
+    declared_gpus,
     parse_byte_size,
     visible_gpu_count,
 )
@@ -299,17 +300,17 @@ def _plural(count: int, noun: str) -> str:
 
 def discover_capacities(environ: Mapping[str, str] = os.environ, *,
                         query: Callable[[], str] | None = None) -> dict[int, int]:
-    """Bytes of memory per visible GPU id, without torch or CUDA: the test-only SHOAL_FAKE_GPUS
-    sizes when set (INVALID_ARG when malformed), else ``nvidia-smi`` (``query`` replaces the
+    """Bytes of memory per visible GPU id, without torch or CUDA: the sizes SHOAL_DEVICE_INVENTORY
+    declares when set (INVALID_ARG when it fails), else ``nvidia-smi`` (``query`` replaces the
     call in tests) numbered as CUDA_VISIBLE_DEVICES makes the CUDA runtime number them. A GPU
     whose size is unknown (a MIG instance, "[N/A]") is absent; any failure gives {}.
 
     nvidia-smi lists GPUs in PCI bus order, the CUDA runtime fastest first unless
     CUDA_DEVICE_ORDER=PCI_BUS_ID; when the two may differ and the visible GPUs differ in size,
     every GPU gets the smallest size (admission may then refuse, but never over-commits)."""
-    fake = fake_gpus(environ)
-    if fake is not None:
-        return fake
+    declared = declared_gpus(environ)
+    if declared is not None:
+        return declared
     try:
         rows = _parse_nvidia_smi((query or _query_nvidia_smi)())
     except (OSError, subprocess.SubprocessError, ValueError) as exc:

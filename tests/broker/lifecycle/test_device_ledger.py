@@ -26,6 +26,7 @@ from shoal.errors import ErrorCode, ShoalError
 from shoal.messages import DeviceMemory, DeviceMemoryHolder
 from shoal.settings import Settings
 from shoal.workers.workspace import device_workspace_bytes
+from tests.fakes.gpus import PROVIDER
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -244,14 +245,18 @@ def test_format_bytes() -> None:
 # ------------------------------------------------------------------ capacities
 
 
-def test_fake_gpus_give_the_capacities() -> None:
-    env = {"SHOAL_FAKE_GPUS": "0:2GiB,1:512MiB", "CUDA_VISIBLE_DEVICES": ""}
+def test_declared_gpus_give_the_capacities(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SHOAL_FAKE_GPUS", "0:2GiB,1:512MiB")
+    env = {"SHOAL_DEVICE_INVENTORY": PROVIDER, "CUDA_VISIBLE_DEVICES": ""}
     assert discover_capacities(env, query=_no_query) == {0: 2 * GIB, 1: 512 * MIB}
 
 
-def test_a_malformed_fake_is_a_clear_error() -> None:
-    with pytest.raises(ShoalError, match="SHOAL_FAKE_GPUS"):
-        discover_capacities({"SHOAL_FAKE_GPUS": "0:lots"}, query=_no_query)
+def test_a_failing_inventory_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SHOAL_FAKE_GPUS", "0:lots")
+    with pytest.raises(ShoalError, match=r"SHOAL_DEVICE_INVENTORY.*SHOAL_FAKE_GPUS"):
+        discover_capacities({"SHOAL_DEVICE_INVENTORY": PROVIDER}, query=_no_query)
+    with pytest.raises(ShoalError, match="SHOAL_DEVICE_INVENTORY"):
+        discover_capacities({"SHOAL_DEVICE_INVENTORY": "no.such.module:x"}, query=_no_query)
 
 
 SMI = "GPU-aaaa-1111, 81559\nGPU-bbbb-2222, 81559\nGPU-cccc-3333, 81559\n"
@@ -291,13 +296,14 @@ def test_unknown_sizes_and_failures_give_nothing() -> None:
 
 
 def _no_query() -> str:
-    raise AssertionError("nvidia-smi must not run under SHOAL_FAKE_GPUS")
+    raise AssertionError("nvidia-smi must not run under SHOAL_DEVICE_INVENTORY")
 
 
 def test_ledger_from_settings_uses_visible_gpus_sizes_and_limits(
-        caplog: pytest.LogCaptureFixture) -> None:
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     settings = Settings(model_repositories=["/r"], model_load_device_limits=[(0, 0.5), (5, 0.5)])
-    ledger = ledger_from_settings(settings, environ={"SHOAL_FAKE_GPUS": "0:4GiB,1:2GiB"})
+    monkeypatch.setenv("SHOAL_FAKE_GPUS", "0:4GiB,1:2GiB")
+    ledger = ledger_from_settings(settings, environ={"SHOAL_DEVICE_INVENTORY": PROVIDER})
     assert [(u.device, u.capacity, u.limit) for u in ledger.usage()] == [
         (0, 4 * GIB, 2 * GIB), (1, 2 * GIB, 2 * GIB)]
     assert "names GPU 5, which is not visible" in caplog.text
