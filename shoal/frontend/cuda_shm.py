@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Final
 
 from shoal.errors import invalid_arg, unsupported
 from shoal.frontend.shm_registry import DISABLED_MESSAGE
-from shoal.shm.cuda_ipc import fake_ipc_enabled
+from shoal.shm.cuda_ipc import provided_device_count
 
 if TYPE_CHECKING:
     from shoal.frontend.shm_registry import SharedMemoryRegistry
@@ -49,11 +49,14 @@ def cuda_device_count() -> int:
 
 
 async def server_cuda_devices() -> int:
-    """How many CUDA devices registrations may name (device ids ``0 .. n-1``): one with the
-    test-only fake IPC (``SHOAL_FAKE_CUDA_IPC=1``), else torch's count, probed once in a thread.
+    """How many CUDA devices registrations may name (device ids ``0 .. n-1``): the
+    ``device_count`` of the CUDA IPC provider's class where ``SHOAL_CUDA_IPC_PROVIDER`` names one
+    that defines it (``shoal.shm.cuda_ipc.provided_device_count``; a bad provider raises its
+    ShoalError(INVALID_ARG)), else torch's count, probed once in a thread.
     None -> ShoalError(UNSUPPORTED, CUDA_SHM_NO_DEVICE)."""
-    if fake_ipc_enabled():
-        return 1
+    provided = provided_device_count()
+    if provided is not None:
+        return provided
     count = await asyncio.to_thread(cuda_device_count)
     if count <= 0:
         raise unsupported(CUDA_SHM_NO_DEVICE)

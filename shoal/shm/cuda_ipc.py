@@ -6,31 +6,36 @@ whole allocation, from its base (``numel()`` is the allocation's real size), and
 which unmaps it. The tensor does not own the memory: it is valid until ``close()``. Failures raise
 ``CudaIpcError`` with a reason that never repeats the handle's bytes.
 
-Two implementations:
+The implementation a process uses is ``create_cuda_ipc()``'s:
 
-* ``DriverCudaIpc``: the CUDA driver API (``libcuda.so.1``) through ctypes, no extra package.
-  It opens the handle in the device's primary context (the one torch uses), reads the real size
-  with ``cuMemGetAddressRange`` and wraps the pointer with ``__cuda_array_interface__`` (no
-  copy). Needs torch with CUDA.
-* ``FakeCudaIpc``: for tests on machines without a GPU, chosen by ``SHOAL_FAKE_CUDA_IPC=1``
-  in the server's environment. A fake handle names a POSIX shm object (``fake_handle``) and the
-  "device memory" is a CPU tensor over its mapping; the server then reports one CUDA device.
-  Everything around the driver calls (registration, checks, the worker's cache, copies in and
-  out, unregistering) runs through the real processes with it. Never set it in production.
+* ``DriverCudaIpc`` (the default): the CUDA driver API (``libcuda.so.1``) through ctypes, no
+  extra package. It opens the handle in the device's primary context (the one torch uses), reads
+  the real size with ``cuMemGetAddressRange`` and wraps the pointer with
+  ``__cuda_array_interface__`` (no copy). Needs torch with CUDA.
+* A provider named by ``SHOAL_CUDA_IPC_PROVIDER="package.module:Name"`` in the server's
+  environment (every process of the server inherits it): ``Name`` is a class that takes no
+  constructor arguments and implements ``CudaIpc``; the worker builds one instance at its first
+  open. The class may define an ``int`` class attribute ``device_count`` (at least 1): then the
+  frontend reports that many CUDA devices to clients registering CUDA shared memory instead of
+  asking torch (``provided_device_count``). A value that is not ``module:Name``, a module that
+  does not import or a name that is not such a class raises ``ShoalError(INVALID_ARG)`` naming
+  the variable. The stand-in that the tests use on machines without a GPU (a "handle" names a
+  POSIX shm object) lives in ``tests/fakes/cuda_ipc.py``, not in this package.
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
+import importlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
+from shoal.errors import invalid_arg
+
 IPC_HANDLE_BYTES: Final = 64  # CUDA_IPC_HANDLE_SIZE
-FAKE_ENV: Final = "SHOAL_FAKE_CUDA_IPC"
-_FAKE_MAGIC: Final = b"shoal-fake-cuda\x00"
+PROVIDER_ENV: Final = "SHOAL_CUDA_IPC_PROVIDER"
 _LAZY_ENABLE_PEER_ACCESS: Final = 0x1  # CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
 
 
@@ -48,13 +53,53 @@ class CudaIpc(Protocol):
     def open(self, raw_handle: bytes, device_id: int) -> OpenedAllocation: ...
 
 
-def fake_ipc_enabled(environ: dict[str, str] | None = None) -> bool:
-    return (os.environ if environ is None else environ).get(FAKE_ENV, "") == "1"
-
-
 def create_cuda_ipc() -> CudaIpc:
-    """The implementation this process uses (see the module docstring)."""
-    return FakeCudaIpc() if fake_ipc_enabled() else DriverCudaIpc()
+    """The implementation this process uses: an instance of the ``SHOAL_CUDA_IPC_PROVIDER``
+    class when the variable is set, else ``DriverCudaIpc()`` (see the module docstring). Reads
+    the environment at each call. Raises ``ShoalError(INVALID_ARG)`` for a bad provider and
+    ``CudaIpcError`` where the driver cannot be loaded."""
+    provider = _provider()
+    return DriverCudaIpc() if provider is None else provider()
+
+
+def provided_device_count() -> int | None:
+    """How many CUDA devices the provider's class says the server has (its ``device_count``),
+    None when no provider is set or its class does not say. Reads the environment at each
+    call; raises ``ShoalError(INVALID_ARG)`` for a bad provider or a ``device_count`` that is
+    not an int of at least 1."""
+    provider = _provider()
+    if provider is None:
+        return None
+    count = getattr(provider, "device_count", None)
+    if count is None:
+        return None
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise invalid_arg(f"{PROVIDER_ENV}: {provider.__qualname__}.device_count must be an "
+                          f"int of at least 1, got {count!r}")
+    return count
+
+
+def _provider() -> type[CudaIpc] | None:
+    """The class ``SHOAL_CUDA_IPC_PROVIDER`` names, imported now; None when unset or empty."""
+    value = os.environ.get(PROVIDER_ENV, "")
+    if not value:
+        return None
+    module_name, colon, attribute = value.partition(":")
+    if not colon or not module_name or not attribute:
+        raise invalid_arg(f"{PROVIDER_ENV} must be 'package.module:Name', got {value!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # ImportError, or whatever the module raised while importing
+        # the text may reach clients (a registration's answer): no paths, the cause is chained
+        why = (f"no module named {exc.name!r}" if isinstance(exc, ModuleNotFoundError)
+               else type(exc).__name__)
+        raise invalid_arg(f"{PROVIDER_ENV}={value!r}: module {module_name!r} cannot be "
+                          f"imported ({why})") from exc
+    provider = getattr(module, attribute, None)
+    if not isinstance(provider, type) or not callable(getattr(provider, "open", None)):
+        raise invalid_arg(f"{PROVIDER_ENV}={value!r}: {attribute!r} is not a class with an "
+                          f"open(raw_handle, device_id) method in {module_name!r}")
+    return provider
 
 
 # ---------------------------------------------------------------------------- the driver
@@ -158,51 +203,3 @@ class DriverCudaIpc:
         self._lib.cuGetErrorString(result, ctypes.byref(text))
         reason = text.value.decode() if text.value else f"CUresult {result}"
         raise CudaIpcError(f"{call} failed: {reason}")
-
-
-# ---------------------------------------------------------------------------- the test fake
-
-
-def fake_handle(shm_name: str) -> bytes:
-    """The fake IPC handle of POSIX shm object ``shm_name`` (e.g. ``/my_region``)."""
-    body = _FAKE_MAGIC + shm_name.lstrip("/").encode()
-    if len(body) > IPC_HANDLE_BYTES:
-        raise ValueError(f"shm name too long for a fake CUDA IPC handle: {shm_name!r}")
-    return body.ljust(IPC_HANDLE_BYTES, b"\x00")
-
-
-class FakeCudaIpc:
-    """Maps the POSIX shm object a fake handle names; its whole size is the "allocation"."""
-
-    def open(self, raw_handle: bytes, device_id: int) -> OpenedAllocation:
-        import mmap
-
-        import torch
-
-        if len(raw_handle) != IPC_HANDLE_BYTES or not raw_handle.startswith(_FAKE_MAGIC):
-            raise CudaIpcError("cuIpcOpenMemHandle failed: invalid argument")
-        if device_id != 0:
-            raise CudaIpcError(f"cuDeviceGet({device_id}) failed: invalid device ordinal")
-        name = raw_handle[len(_FAKE_MAGIC):].rstrip(b"\x00").decode(errors="replace")
-        if name.startswith("shoal-") or "/" in name or not name:  # never the server's own
-            raise CudaIpcError("cuIpcOpenMemHandle failed: invalid argument")
-        try:
-            fd = os.open(os.path.join("/dev/shm", name), os.O_RDWR | os.O_NOFOLLOW)
-        except OSError as exc:
-            raise CudaIpcError("cuIpcOpenMemHandle failed: invalid argument") from exc
-        try:
-            size = os.fstat(fd).st_size
-            if size == 0:
-                raise CudaIpcError("cuIpcOpenMemHandle failed: invalid argument")
-            mapping = mmap.mmap(fd, size)
-        finally:
-            os.close(fd)
-        return OpenedAllocation(torch.frombuffer(mapping, dtype=torch.uint8),
-                                lambda: _close_mapping(mapping))
-
-
-def _close_mapping(mapping: Any) -> None:
-    """Unmap now if no view of it is left (the caller dropped its tensor first), else when the
-    last view is collected."""
-    with contextlib.suppress(BufferError):
-        mapping.close()

@@ -1,8 +1,10 @@
 """Triton's CUDA shared-memory extension end to end, through the real processes.
 
-This machine has no GPU, so the server runs with ``SHOAL_FAKE_CUDA_IPC=1``: a "CUDA IPC handle"
-then names a POSIX shm object (``shoal.shm.cuda_ipc.fake_handle``) and the worker maps it where it
-would call ``cuIpcOpenMemHandle``. Everything else is the production path: tritonclient's
+This machine has no GPU, so the server runs with the test stand-in for CUDA IPC plugged in
+(``tests.fakes.cuda_ipc.FAKE_IPC_ENV``: ``SHOAL_CUDA_IPC_PROVIDER`` names
+``tests.fakes.cuda_ipc:FakeCudaIpc``): a "CUDA IPC handle" then names a POSIX shm object
+(``tests.fakes.cuda_ipc.fake_handle``) and the worker maps it where it would call
+``cuIpcOpenMemHandle``. Everything else is the production path: tritonclient's
 ``register_cuda_shared_memory`` over HTTP and gRPC, the frontend's registry and checks, the
 references through the broker, the worker's handle cache, copies in and out of the "device"
 allocation, and the unmapping when a registration ends. ``test_cuda_shm_on_a_gpu.py`` runs the
@@ -26,18 +28,18 @@ from tritonclient.utils import InferenceServerException
 
 from shoal.dtypes import DATATYPES
 from shoal.frontend.cuda_shm import torch_sees_cuda
-from shoal.shm.cuda_ipc import FAKE_ENV, fake_handle
 from tests.conftest import MakeObject
 from tests.e2e.conftest import serving
 from tests.e2e.server import ShoalServer
 from tests.e2e.test_datatypes import sample
 from tests.e2e.test_shared_memory import pread, pwrite, start_sleepy_inference, wire
+from tests.fakes.cuda_ipc import FAKE_IPC_ENV, fake_handle
 
 
 @pytest.fixture(scope="module")
 def cuda_server(standard_repo: pathlib.Path) -> Iterator[ShoalServer]:
     with serving(ShoalServer([str(standard_repo)], ["--allow-client-shm=true"],
-                             env={FAKE_ENV: "1"})) as srv:
+                             env=FAKE_IPC_ENV)) as srv:
         yield srv
 
 

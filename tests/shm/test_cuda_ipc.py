@@ -1,6 +1,7 @@
-"""shoal.shm.cuda_ipc: the fake's handle format and refusals, the choice between fake and driver,
-and the driver's clear failure where no CUDA driver is installed (its success path needs a GPU:
-tests/e2e/test_cuda_shm_on_a_gpu.py)."""
+"""shoal.shm.cuda_ipc: the provider hook (``SHOAL_CUDA_IPC_PROVIDER``) that chooses between a
+named class and the driver; the test stand-in's handle format and refusals
+(tests/fakes/cuda_ipc.py); and the driver's clear failure where no CUDA driver is installed (its
+success path needs a GPU: tests/e2e/test_cuda_shm_on_a_gpu.py)."""
 
 from __future__ import annotations
 
@@ -12,16 +13,17 @@ import posix_ipc
 import pytest
 import torch
 
+from shoal.errors import ErrorCode, ShoalError
+from shoal.shm import cuda_ipc
 from shoal.shm.cuda_ipc import (
-    FAKE_ENV,
     IPC_HANDLE_BYTES,
+    PROVIDER_ENV,
     CudaIpcError,
     DriverCudaIpc,
-    FakeCudaIpc,
     create_cuda_ipc,
-    fake_handle,
-    fake_ipc_enabled,
+    provided_device_count,
 )
+from tests.fakes.cuda_ipc import PROVIDER, FakeCudaIpc, fake_handle
 
 
 @pytest.fixture
@@ -66,18 +68,65 @@ def test_the_fake_has_one_device(shm_object: str) -> None:
         FakeCudaIpc().open(fake_handle(shm_object), 1)
 
 
-def test_the_fake_is_chosen_by_the_environment_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert not fake_ipc_enabled({})
-    assert not fake_ipc_enabled({FAKE_ENV: "yes"})
-    assert fake_ipc_enabled({FAKE_ENV: "1"})
-    monkeypatch.setenv(FAKE_ENV, "1")
+def test_without_a_provider_the_driver_is_chosen(monkeypatch: pytest.MonkeyPatch) -> None:
+    made: list[object] = []
+
+    class Driver:  # stands in for DriverCudaIpc, whose constructor loads libcuda
+        def __init__(self) -> None:
+            made.append(self)
+
+    monkeypatch.delenv(PROVIDER_ENV, raising=False)
+    monkeypatch.setattr(cuda_ipc, "DriverCudaIpc", Driver)
+    assert isinstance(create_cuda_ipc(), Driver) and len(made) == 1
+    monkeypatch.setenv(PROVIDER_ENV, "")  # empty is unset
+    assert isinstance(create_cuda_ipc(), Driver) and len(made) == 2
+    assert provided_device_count() is None
+
+
+def test_the_provider_is_chosen_by_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(PROVIDER_ENV, PROVIDER)
     assert isinstance(create_cuda_ipc(), FakeCudaIpc)
+    assert provided_device_count() == 1
+    monkeypatch.delenv(PROVIDER_ENV)
+    assert provided_device_count() is None  # read at each call
+
+
+def test_a_provider_without_a_device_count_leaves_it_to_torch(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(PROVIDER_ENV, "shoal.shm.cuda_ipc:DriverCudaIpc")
+    assert provided_device_count() is None
+
+
+@pytest.mark.parametrize("value", [
+    "nocolon",
+    "no.such.module:X",
+    ":FakeCudaIpc",
+    "tests.fakes.cuda_ipc:",
+    "tests.fakes.cuda_ipc:NoSuchName",
+    "tests.fakes.cuda_ipc:fake_handle",  # not a class
+])
+def test_a_bad_provider_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv(PROVIDER_ENV, value)
+    for call in (provided_device_count, create_cuda_ipc):
+        with pytest.raises(ShoalError) as info:
+            call()
+        assert info.value.code is ErrorCode.INVALID_ARG
+        assert "SHOAL_CUDA_IPC_PROVIDER" in str(info.value) and value in str(info.value)
+
+
+@pytest.mark.parametrize("count", [0, -1, True, "1"])
+def test_a_bad_device_count_is_a_clear_error(monkeypatch: pytest.MonkeyPatch,
+                                             count: object) -> None:
+    monkeypatch.setenv(PROVIDER_ENV, PROVIDER)
+    monkeypatch.setattr(FakeCudaIpc, "device_count", count)
+    with pytest.raises(ShoalError, match=r"SHOAL_CUDA_IPC_PROVIDER.*device_count"):
+        provided_device_count()
 
 
 @pytest.mark.skipif(ctypes.util.find_library("cuda") is not None,
                     reason="this machine has a CUDA driver")
 def test_without_a_cuda_driver_the_driver_ipc_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(FAKE_ENV, raising=False)
+    monkeypatch.delenv(PROVIDER_ENV, raising=False)
     with pytest.raises(CudaIpcError, match="libcuda"):
         create_cuda_ipc()
     with pytest.raises(CudaIpcError, match="libcuda"):

@@ -1,4 +1,5 @@
-"""DeviceRegions over the fake CUDA IPC (POSIX shm stands in for device memory)."""
+"""DeviceRegions over the fake CUDA IPC (tests/fakes/cuda_ipc.py: POSIX shm stands in for
+device memory)."""
 
 from __future__ import annotations
 
@@ -15,11 +16,12 @@ from shoal.errors import ErrorCode, ShoalError
 from shoal.messages import CudaHandle, Error, OutputTarget, RequestedOutput, TensorRef
 from shoal.shm.arena import Arena
 from shoal.shm.client_regions import ClientRegions
-from shoal.shm.cuda_ipc import CudaIpc, FakeCudaIpc, OpenedAllocation, fake_handle
+from shoal.shm.cuda_ipc import CudaIpc, OpenedAllocation
 from shoal.shm.tensors import float_to_bf16_bits
 from shoal.workers.backends.base import BackendResponse, OutputTensor
 from shoal.workers.device_regions import DeviceRegions, LazyCudaIpc
 from shoal.workers.outputs import OutputWriter
+from tests.fakes.cuda_ipc import FakeCudaIpc, fake_handle
 
 SIZE = 4096
 

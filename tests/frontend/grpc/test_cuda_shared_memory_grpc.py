@@ -1,6 +1,7 @@
 """The CUDA shared-memory RPCs over a real grpc.aio server and a real registry (no GPU: the
-test-only fake IPC, ``SHOAL_FAKE_CUDA_IPC=1``, gives the server one device; a patched probe
-stands in for torch): the checks and texts are the HTTP endpoint's."""
+test stand-in for CUDA IPC, ``tests.fakes.cuda_ipc`` plugged in by ``SHOAL_CUDA_IPC_PROVIDER``,
+gives the server one device; a patched probe stands in for torch): the checks and texts are the
+HTTP endpoint's."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from shoal.frontend.grpc.service import CUDA_SHM_NO_DEVICE
 from shoal.frontend.shm_registry import DISABLED_MESSAGE, ClientSharedMemoryRegistry
 from shoal.messages import CudaHandle
 from shoal.settings import Settings
-from shoal.shm.cuda_ipc import FAKE_ENV
+from shoal.shm.cuda_ipc import PROVIDER_ENV
+from tests.fakes.cuda_ipc import PROVIDER
 from tests.frontend.grpc.fakes import StreamingFakeDataPlane
 from tests.frontend.grpc.test_service import rpc_error, serve
 from tests.frontend.http.fakes import make_model
@@ -53,7 +55,7 @@ def register_request(name: str, raw_handle: bytes, device_id: int = 0,
 
 @pytest.fixture
 def fake_ipc(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(FAKE_ENV, "1")
+    monkeypatch.setenv(PROVIDER_ENV, PROVIDER)
 
 
 def test_register_status_unregister(fake_ipc: None) -> None:
@@ -126,7 +128,7 @@ def test_one_name_space_with_system_regions(fake_ipc: None) -> None:
 
 
 def test_without_a_device_register_is_unsupported(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(FAKE_ENV, raising=False)
+    monkeypatch.delenv(PROVIDER_ENV, raising=False)
     monkeypatch.setattr(cuda_shm, "cuda_device_count", lambda: 0)
 
     async def test(stub: Any, channel: Any) -> None:

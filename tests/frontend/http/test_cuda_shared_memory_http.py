@@ -1,8 +1,9 @@
 """The CUDA shared-memory extension over HTTP, without server processes or a GPU: the three
-routes (with the test-only fake IPC, ``SHOAL_FAKE_CUDA_IPC=1``, the server has one device; a
-patched device probe stands in for torch), body checks, the name space shared with system
-regions, and infer requests whose tensors are in a CUDA region (the DataPlane gets references
-carrying the registration; the region is forgotten after the request ends)."""
+routes (with the test stand-in for CUDA IPC, ``tests.fakes.cuda_ipc`` plugged in by
+``SHOAL_CUDA_IPC_PROVIDER``, the server has one device; a patched device probe stands in for
+torch), body checks, the name space shared with system regions, and infer requests whose tensors
+are in a CUDA region (the DataPlane gets references carrying the registration; the region is
+forgotten after the request ends)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ from shoal.frontend.shm_registry import ClientSharedMemoryRegistry
 from shoal.messages import CudaHandle, InferRequest, InferResponse, TensorRef
 from shoal.settings import Settings
 from shoal.shm.arena import Slot
-from shoal.shm.cuda_ipc import FAKE_ENV
+from shoal.shm.cuda_ipc import PROVIDER_ENV
+from tests.fakes.cuda_ipc import PROVIDER
 from tests.frontend.http.fakes import FakeDataPlane, make_model
 
 ENABLED = Settings(model_repositories=["/m"], allow_client_shm=True)
@@ -62,7 +64,7 @@ def dataplane() -> Iterator[CudaFakeDataPlane]:
 
 @pytest.fixture
 def fake_ipc(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(FAKE_ENV, "1")
+    monkeypatch.setenv(PROVIDER_ENV, PROVIDER)
 
 
 def app_client(dataplane: CudaFakeDataPlane, settings: Settings = ENABLED) -> TestClient:
@@ -132,7 +134,7 @@ def test_region_name_is_required(dataplane: CudaFakeDataPlane) -> None:
 
 def test_without_a_device_register_is_unsupported(dataplane: CudaFakeDataPlane,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(FAKE_ENV, raising=False)
+    monkeypatch.delenv(PROVIDER_ENV, raising=False)
     monkeypatch.setattr(cuda_shm, "cuda_device_count", lambda: 0)
     with app_client(dataplane) as client:
         reply = register(client, "g", body(b"\x01" * 64))
@@ -143,7 +145,7 @@ def test_without_a_device_register_is_unsupported(dataplane: CudaFakeDataPlane,
 
 def test_this_machine_without_a_gpu_is_unsupported(dataplane: CudaFakeDataPlane,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(FAKE_ENV, raising=False)
+    monkeypatch.delenv(PROVIDER_ENV, raising=False)
     if cuda_shm.cuda_device_count():
         pytest.skip("this machine has a CUDA device")
     with app_client(dataplane) as client:
@@ -153,7 +155,7 @@ def test_this_machine_without_a_gpu_is_unsupported(dataplane: CudaFakeDataPlane,
 
 def test_device_ids_follow_torchs_device_count(dataplane: CudaFakeDataPlane,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(FAKE_ENV, raising=False)
+    monkeypatch.delenv(PROVIDER_ENV, raising=False)
     monkeypatch.setattr(cuda_shm, "cuda_device_count", lambda: 2)
     with app_client(dataplane) as client:
         assert register(client, "g", body(b"\x01" * 64, device_id=1)).status_code == 200
