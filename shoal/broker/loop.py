@@ -198,8 +198,7 @@ class BrokerLoop:
         if scrape_deadline is not None:
             deadline = min(deadline, scrape_deadline)
         for runtime in self.models.runtimes():
-            d = (runtime.sequence.deadline(now) if runtime.sequence is not None
-                 else runtime.scheduler.next_deadline(now))
+            d = runtime.scheduling.deadline(now)
             if d is not None:
                 deadline = min(deadline, d)
             for slot in runtime.instances:
@@ -209,9 +208,7 @@ class BrokerLoop:
 
     def tick(self, now: float) -> None:
         for runtime in self.models.runtimes():
-            expired = (runtime.sequence.expire(now) if runtime.sequence is not None
-                       else runtime.scheduler.expire(now))
-            for rejection in expired:
+            for rejection in runtime.scheduling.expire(now):
                 self.finish_error(runtime, rejection.request.key,
                                   Error(rejection.code, rejection.message), "REJECTED", now)
             for slot in runtime.instances:
@@ -342,10 +339,7 @@ class BrokerLoop:
             return None
         key: RequestKey = (identity, request.request_id)
         queued = runtime.queued(key, identity, request, now)
-        if runtime.sequence is not None:
-            rejection = runtime.sequence.submit(key, request, now, queued.shape_signature)
-        else:
-            rejection = runtime.scheduler.submit(queued, now)
+        rejection = runtime.scheduling.submit(key, request, queued, now)
         if rejection is not None:  # refused on arrival: Triton counts it nowhere (stats.py)
             self.finish_error(runtime, key, Error(rejection.code, rejection.message), None, now)
             return None
@@ -361,14 +355,12 @@ class BrokerLoop:
             pending = runtime.requests.get(key)
             if pending is None:
                 continue
-            if runtime.sequence is not None and not pending.worker:
-                for ended in runtime.sequence.cancel(key, now):  # its queued sequence ends
-                    self.finish_error(runtime, ended, Error(ErrorCode.CANCELLED,
-                                                            "request cancelled"), "CANCELED", now)
-            elif runtime.scheduler.cancel(key) is not None:
-                self.finish_error(runtime, key, Error(ErrorCode.CANCELLED, "request cancelled"),
-                                  "CANCELED", now)
-            elif pending.worker:
+            ended = runtime.scheduling.cancel(key, now) if not pending.worker else []
+            if ended:  # queued (a sequence's queued rest may end with it)
+                for end in ended:
+                    self.finish_error(runtime, end, Error(ErrorCode.CANCELLED,
+                                                          "request cancelled"), "CANCELED", now)
+            elif pending.worker:  # running, or waiting to run again (rescheduled)
                 self.workers.send(pending.worker + CONTROL_SUFFIX,
                                   CancelExecuting([pending.exec_id]))
             return
@@ -439,45 +431,28 @@ class BrokerLoop:
     # ------------------------------------------------------------------ scheduling
 
     def dispatch(self, runtime: ModelVersionRuntime, now: float) -> None:
-        if runtime.sequence is not None:
-            self.dispatch_sequences(runtime, now)
-            return
+        """Give each idle instance its next work (the rate limiter decides whose turn it is
+        when there is one)."""
         if self.rate_limiter is not None:
             self.dispatch_rate_limited(runtime, now)
             return
-        if runtime.iterative is not None:  # each instance first runs what it rescheduled
-            for index, slot in enumerate(runtime.instances):
-                worker = slot.worker
-                if worker is not None and worker.state is WorkerState.IDLE:
-                    self.run_iteration(runtime, index, worker, now)
-            return
-        for worker in runtime.idle_workers():
-            batch = runtime.scheduler.next_batch(now)
-            if not batch:
-                return
-            self.send_batch(runtime, worker, [q.key for q in batch], now)
-
-    def run_iteration(self, runtime: ModelVersionRuntime, index: int, worker: WorkerHandle,
-                      now: float) -> bool:
-        """An iterative-sequence model's instance ``index``: its next batch, if any."""
-        assert runtime.iterative is not None
-        batch = runtime.iterative.next_batch_for(index, now)
-        if not batch:
-            return False
-        self.send_batch(runtime, worker, [q.key for q in batch], now)
-        return True
+        scheduling = runtime.scheduling
+        for index, slot in enumerate(runtime.instances):
+            worker = slot.worker
+            if worker is None or worker.state is not WorkerState.IDLE:
+                continue
+            if not self.run_work(runtime, index, worker, now) and not scheduling.per_instance:
+                return  # one queue for all: nothing for this one is nothing for the rest
 
     def dispatch_rate_limited(self, runtime: ModelVersionRuntime, now: float) -> None:
-        """Every idle instance of a runtime with a batch ready waits for its turn; then every
-        instance (of any model) whose turn it is and whose resources are free starts a batch."""
+        """Every idle instance with work ready waits for its turn (as Triton: staged only with
+        a batch ready); then every instance (of any model) whose turn it is and whose
+        resources are free starts its work."""
         assert self.rate_limiter is not None
-        iterative = runtime.iterative
-        if iterative is not None or runtime.scheduler.has_batch(now):  # staged with a batch
-            for index, slot in enumerate(runtime.instances):
-                if (slot.worker is not None and slot.worker.state is WorkerState.IDLE
-                        and (iterative is None or iterative.has_batch_for(index))):
-                    self.rate_limiter.stage(slot.worker.identity, slot.device_id,
-                                            slot.rate_needs)
+        for index, slot in enumerate(runtime.instances):
+            if (slot.worker is not None and slot.worker.state is WorkerState.IDLE
+                    and runtime.scheduling.has_work(index, now)):
+                self.rate_limiter.stage(slot.worker.identity, slot.device_id, slot.rate_needs)
         self.grant_rate_limited(now)
 
     def grant_rate_limited(self, now: float) -> None:
@@ -486,40 +461,18 @@ class BrokerLoop:
             pass
 
     def start_granted(self, identity: str, now: float) -> bool:
-        """The rate limiter granted this worker its resources: send it a batch. False if it has
-        nothing to run (or is no longer idle); the limiter then takes nothing."""
+        """The rate limiter granted this worker its resources: send it its work. False if it
+        has nothing to run (or is no longer idle); the limiter then takes nothing."""
         entry = self.workers.entries.get(identity)
         if entry is None or entry[0].state is not WorkerState.IDLE:
             return False
         handle, runtime, slot = entry
-        if runtime.sequence is not None:
-            return self.run_sequence_work(runtime, runtime.instances.index(slot), handle, now)
-        if runtime.iterative is not None:
-            return self.run_iteration(runtime, runtime.instances.index(slot), handle, now)
-        batch = runtime.scheduler.next_batch(now)
-        if not batch:
-            return False
-        self.send_batch(runtime, handle, [q.key for q in batch], now)
-        return True
+        return self.run_work(runtime, runtime.instances.index(slot), handle, now)
 
-    def dispatch_sequences(self, runtime: ModelVersionRuntime, now: float) -> None:
-        assert runtime.sequence is not None
-        for index, slot in enumerate(runtime.instances):
-            worker = slot.worker
-            if worker is None or worker.state is not WorkerState.IDLE:
-                continue
-            if self.rate_limiter is None:
-                self.run_sequence_work(runtime, index, worker, now)
-            elif runtime.sequence.has_work(index, now):
-                self.rate_limiter.stage(worker.identity, slot.device_id, slot.rate_needs)
-        if self.rate_limiter is not None:
-            self.grant_rate_limited(now)
-
-    def run_sequence_work(self, runtime: ModelVersionRuntime, index: int,
-                          worker: WorkerHandle, now: float) -> bool:
-        """Send instance ``index``'s next sequence batch, if any; True if one was sent."""
-        assert runtime.sequence is not None
-        work = runtime.sequence.work_for(index, self.next_batch_id, now)
+    def run_work(self, runtime: ModelVersionRuntime, index: int, worker: WorkerHandle,
+                 now: float) -> bool:
+        """Send instance ``index``'s next work, if any; True if a batch was sent."""
+        work = runtime.scheduling.work_for(index, self.next_batch_id, now)
         if work is None:
             return False
         if work.error is not None:
@@ -527,8 +480,7 @@ class BrokerLoop:
             for key in work.keys:
                 self.finish_error(runtime, key, error, "OTHER", now)
             return False
-        self.send_batch(runtime, worker, work.keys, now, work.rows, work.controls,
-                        work.states)
+        self.send_batch(runtime, worker, work.keys, now, work.rows, work.controls, work.states)
         return True
 
     def send_batch(self, runtime: ModelVersionRuntime, worker: WorkerHandle,
@@ -593,14 +545,14 @@ class BrokerLoop:
     def on_batch_result(self, handle: WorkerHandle, runtime: ModelVersionRuntime,
                         message: BatchResult, now: float) -> None:
         keys, rows, early = runtime.end_batch(message.batch_id)
-        if message.rescheduled and runtime.iterative is not None:
+        if message.rescheduled:
             keys = self.reschedule(runtime, handle, keys, set(message.rescheduled))
         # an ensemble's steps' queue times (none to look up while no ensemble request runs)
         step_queued = {key[1]: p.queued_ns for key in keys
                        if (p := runtime.requests.get(key)) is not None
                        and p.frontend == INTERNAL} if len(self.ensembles) else {}
-        if runtime.sequence is not None:
-            runtime.sequence.done(message.batch_id, now, written_states(runtime, keys, message))
+        runtime.scheduling.done(message.batch_id, now,
+                                lambda: written_states(runtime, keys, message))
         if handle.batch_id == message.batch_id:
             handle.state, handle.batch_id = WorkerState.IDLE, None
             if self.rate_limiter is not None:
@@ -618,15 +570,15 @@ class BrokerLoop:
     def reschedule(runtime: ModelVersionRuntime, handle: WorkerHandle, keys: list[RequestKey],
                    rescheduled: set[int]) -> list[RequestKey]:
         """The requests of a batch that the model released with RESCHEDULE wait for their
-        instance's next batch (``schedulers/iterative.py``); returns the others, which ended
-        or keep streaming."""
-        assert runtime.iterative is not None
+        instance's next batch (iterative sequences, ``schedulers/iterative.py``); returns the
+        others, which ended or keep streaming, and those the scheduling cannot run again
+        (they end as answered with nothing)."""
         index = next(i for i, slot in enumerate(runtime.instances) if slot.worker is handle)
         again = {key for key in keys if (pending := runtime.requests.get(key)) is not None
                  and pending.exec_id in rescheduled}
-        runtime.iterative.reschedule(index, [runtime.queued_again(key) for key in keys
-                                             if key in again])
-        return [key for key in keys if key not in again]
+        refused = set(runtime.scheduling.reschedule(
+            index, [runtime.queued_again(key) for key in keys if key in again]))
+        return [key for key in keys if key not in again or key in refused]
 
     def on_stream_response(self, handle: WorkerHandle, runtime: ModelVersionRuntime,
                            message: StreamResponse, now: float) -> None:
@@ -710,12 +662,10 @@ class BrokerLoop:
                       "executing the request")
         keys = runtime.end_batch(handle.batch_id)[0] if handle.batch_id is not None else []
         keys += [runtime.by_exec[e] for e in handle.streams if e in runtime.by_exec]
-        if runtime.sequence is not None:  # sequences without implicit state end with it
-            keys += runtime.sequence.fail_instance(runtime.instances.index(slot),
-                                                   handle.batch_id, now)
-        if runtime.iterative is not None:  # their progress was in the dead instance
-            keys += [q.key for q in runtime.iterative.take_rescheduled(
-                runtime.instances.index(slot))]
+        # what waited for this instance alone (sequences without implicit state, rescheduled
+        # requests) ends with it
+        keys += runtime.scheduling.fail_instance(runtime.instances.index(slot), handle.batch_id,
+                                                 now)
         for key in keys:
             self.finish_error(runtime, key, error, "BACKEND", now)
         handle.state = WorkerState.DEAD
@@ -799,8 +749,7 @@ class BrokerLoop:
 
     def close(self) -> None:
         for runtime in self.models.runtimes():
-            if runtime.sequence is not None:
-                runtime.sequence.close()
+            runtime.scheduling.close()
         self.lifecycle.close()
         self.frontends.close()
         self.workers.close()

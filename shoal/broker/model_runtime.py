@@ -1,4 +1,4 @@
-"""One loaded model version inside the broker: its scheduler, its instances (worker slots), its
+"""One loaded model version inside the broker: its scheduling, its instances (worker slots), its
 queued and executing requests, and its statistics.
 
 Ownership: a request belongs to exactly one ModelVersionRuntime from submit until its terminal
@@ -24,6 +24,11 @@ from shoal.broker.schedulers.default import DefaultScheduler
 from shoal.broker.schedulers.dynamic import DynamicBatcher, DynamicBatcherConfig
 from shoal.broker.schedulers.iterative import IterativeScheduler
 from shoal.broker.schedulers.ordering import ResponseOrderer
+from shoal.broker.schedulers.scheduling import (
+    IterativeScheduling,
+    QueueScheduling,
+    RuntimeScheduling,
+)
 from shoal.broker.schedulers.sequence.scheduling import SequenceScheduling
 from shoal.broker.state_store import store_factory
 from shoal.broker.stats import ModelVersionStats
@@ -94,7 +99,7 @@ class ModelVersionRuntime:
     source: ModelSource
     version: int
     config_json_text: str
-    scheduler: Scheduler
+    scheduling: RuntimeScheduling  # queue, sequence or iterative (schedulers/scheduling.py)
     instances: list[InstanceSlot]
     stats: ModelVersionStats
     orderer: ResponseOrderer[InferResponse] | None
@@ -109,9 +114,6 @@ class ModelVersionRuntime:
     early_successes: dict[int, int] = field(default_factory=dict)
     by_exec: dict[int, RequestKey] = field(default_factory=dict)
     decoupled: bool = False
-    sequence: SequenceScheduling | None = None  # sequence_batching models schedule through it
-    # iterative sequences: ``scheduler`` itself, typed for its per-instance calls
-    iterative: IterativeScheduler | None = None
     ragged_inputs: frozenset[str] = frozenset()
     ensemble: EnsemblePlan | None = None  # ensembles run no workers of their own
     execution_timeout_s: float = 0.0  # health.py: 0 = no execution deadline
@@ -250,9 +252,7 @@ class ModelVersionRuntime:
 
     def drain_queue(self) -> list[RequestKey]:
         """Every request still waiting for an execution (unload / shutdown / no instance)."""
-        if self.sequence is not None:
-            return self.sequence.drain()
-        return [q.key for q in self.scheduler.drain()]
+        return self.scheduling.drain()
 
     def queued_again(self, key: RequestKey) -> QueuedRequest:
         """The scheduler's view of request ``key`` once more (a rescheduled request)."""
@@ -271,19 +271,14 @@ def build_runtime(source: ModelSource, version: int, settings: Settings, serial:
     import orjson
 
     config = source.config
-    iterative = None
-    if config.HasField("sequence_batching") and config.sequence_batching.iterative_sequence:
-        check_iterative(config)
-        iterative = IterativeScheduler(int(config.max_batch_size))
-        scheduler: Scheduler = iterative
-        orderer: ResponseOrderer[InferResponse] | None = None
-    elif config.max_batch_size > 0 and config.HasField("dynamic_batching"):
+    orderer: ResponseOrderer[InferResponse] | None = None
+    if config.max_batch_size > 0 and config.HasField("dynamic_batching"):
         batcher_config = DynamicBatcherConfig.from_model_config(config)
-        scheduler = DynamicBatcher(batcher_config)
-        orderer = ResponseOrderer() if config.dynamic_batching.preserve_ordering else None
+        scheduler: Scheduler = DynamicBatcher(batcher_config)
+        if config.dynamic_batching.preserve_ordering:
+            orderer = ResponseOrderer()
     else:
         scheduler = DefaultScheduler()
-        orderer = None
     instances = [InstanceSlot(name, kind, device_id)
                  for name, kind, device_id, _group in instance_names(config)]
     if settings.rate_limit != "off":  # off: Triton ignores resources and priority entirely
@@ -293,20 +288,23 @@ def build_runtime(source: ModelSource, version: int, settings: Settings, serial:
             raise invalid_arg(f"model '{config.name}': {error.message}") from None
         for slot, slot_needs in zip(instances, needs, strict=True):
             slot.rate_needs = slot_needs
-    sequence = None
-    if config.HasField("sequence_batching") and iterative is None:
+    scheduling: RuntimeScheduling = QueueScheduling(scheduler)
+    if config.HasField("sequence_batching") and config.sequence_batching.iterative_sequence:
+        check_iterative(config)
+        scheduling = IterativeScheduling(IterativeScheduler(int(config.max_batch_size)))
+    elif config.HasField("sequence_batching"):
         if config.sequence_batching.state and is_decoupled(config):
             raise unsupported(f"model '{config.name}': implicit sequence state ('state' in "
                               "sequence_batching) is not supported for decoupled models")
         states = store_factory(config, source.model_dir, f"{settings.segment_prefix}st{serial}-",
                                settings.shm_segment_bytes, settings.shm_arena_max_bytes)
-        sequence = SequenceScheduling(config, len(instances), states)
+        scheduling = SequenceScheduling(config, len(instances), states)
     return ModelVersionRuntime(
         source=source, version=version,
         config_json_text=orjson.dumps(config_to_json(config)).decode(),
-        scheduler=scheduler, instances=instances,
+        scheduling=scheduling, instances=instances,
         stats=ModelVersionStats(source.name, version), orderer=orderer,
-        decoupled=is_decoupled(config), sequence=sequence, iterative=iterative,
+        decoupled=is_decoupled(config),
         ragged_inputs=frozenset(io.name for io in config.input if io.allow_ragged_batch),
         execution_timeout_s=execution_timeout(config, settings))
 

@@ -375,8 +375,7 @@ class LifecycleDriver:
             record.forget(generation)
             self._release(generation)
             for runtime in generation.runtimes.values():
-                if runtime.sequence is not None:
-                    runtime.sequence.close()
+                runtime.scheduling.close()
             self._remove_dir(generation.materialized_dir)
             self.dirty = True
 

@@ -2,8 +2,8 @@
 what turns its executions into Batch messages (rows, inline control tensors, state bindings).
 
 A sequence model's instances are numbered in ``ModelVersionRuntime.instances`` order; the batcher
-pins each sequence to one of them. The loop calls, for a sequence model only:
-``submit`` (instead of the scheduler's), ``work_for(instance)`` when that instance's worker is
+pins each sequence to one of them. It is the ``RuntimeScheduling`` of a sequence model
+(``schedulers/scheduling.py``): ``submit``, ``work_for(instance)`` when that instance's worker is
 idle, ``done(batch_id, written)`` when its BatchResult arrives, ``expire`` on each tick,
 ``deadline`` for its sleep, ``cancel``, ``fail_instance`` when a worker dies, ``drain`` at
 unload and ``close`` at exit.
@@ -17,10 +17,10 @@ implicit state keep whatever state they have inside the worker, so their sequenc
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Hashable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
 
-from shoal.broker.schedulers.base import Rejection, RequestKey
+from shoal.broker.schedulers.base import QueuedRequest, Rejection, RequestKey
+from shoal.broker.schedulers.scheduling import Work, WrittenStates
 from shoal.broker.schedulers.sequence import (
     SequenceBatch,
     SequenceBatcher,
@@ -33,7 +33,7 @@ from shoal.broker.schedulers.sequence import (
 from shoal.broker.state_store import SequenceStateStore
 from shoal.dtypes import numpy_to_wire
 from shoal.errors import ShoalError
-from shoal.messages import InferRequest, InlineTensor, StateBinding, WrittenState
+from shoal.messages import InferRequest, InlineTensor, StateBinding
 from shoal.shm.tensors import array_to_bytes
 
 logger = logging.getLogger(__name__)
@@ -41,21 +41,8 @@ logger = logging.getLogger(__name__)
 StateStoreFactory = Callable[[SequenceBatcherConfig], SequenceStateStore]
 
 
-@dataclass(frozen=True)
-class SequenceWork:
-    """One execution to send: the request keys in ``requests`` order, the Batch ``rows`` (index
-    into those keys, -1 = not ready), the control tensors and each key's state bindings.
-    ``error`` set: the execution cannot run (no memory for its state) and is already over for
-    the batcher; the loop fails its requests and sends nothing."""
-
-    keys: list[RequestKey]
-    rows: list[int]
-    controls: list[InlineTensor]
-    states: dict[RequestKey, list[StateBinding]] = field(default_factory=dict)
-    error: ShoalError | None = None
-
-
 class SequenceScheduling:
+    per_instance = True  # sequences are pinned to instances
     def __init__(self, model_config: object, instance_count: int,
                  state_store: StateStoreFactory | None = None) -> None:
         self.config = SequenceBatcherConfig.from_model_config(model_config)  # type: ignore[arg-type]
@@ -68,11 +55,11 @@ class SequenceScheduling:
         self.batcher: SequenceBatcher = create_sequence_batcher(self.config, instance_count)
         self._in_flight: dict[int, SequenceBatch] = {}  # batch id -> execution
 
-    def submit(self, key: RequestKey, request: InferRequest, now: float,
-               signature: Hashable) -> Rejection | None:
+    def submit(self, key: RequestKey, request: InferRequest, queued: QueuedRequest,
+               now: float) -> Rejection | None:
         return self.batcher.submit(SequenceRequest(
             key=key, batch_size=request.batch_size, arrival=now, priority=request.priority,
-            timeout_us=request.timeout_us, shape_signature=signature,
+            timeout_us=request.timeout_us, shape_signature=queued.shape_signature,
             correlation_id=request.correlation_id, flags=request.flags), now)
 
     def has_work(self, instance: int, now: float) -> bool:
@@ -80,7 +67,7 @@ class SequenceScheduling:
         instance only then); nothing is taken."""
         return self.batcher.has_batch(instance, now)
 
-    def work_for(self, instance: int, batch_id: int, now: float) -> SequenceWork | None:
+    def work_for(self, instance: int, batch_id: int, now: float) -> Work | None:
         batch = self.batcher.next_batch(instance, now)
         if batch is None:
             return None
@@ -112,23 +99,27 @@ class SequenceScheduling:
                 self.batcher.on_batch_done(batch, now, {s: set(self._outputs) for s in bound})
                 for serial in batch.released_states:
                     self.states.release(serial)
-                return SequenceWork(keys, rows, controls, {}, exc)
-        return SequenceWork(keys, rows, controls, states)
+                return Work(keys, rows, controls, {}, exc)
+        return Work(keys, rows, controls, states)
 
-    def done(self, batch_id: int, now: float,
-             written: Mapping[RequestKey, Sequence[WrittenState]] | None = None) -> None:
-        """The execution ``batch_id`` ended; ``written``: the output states each request wrote
-        (a request that failed or wrote none is absent)."""
+    def reschedule(self, instance: int, requests: list[QueuedRequest]) -> list[RequestKey]:
+        return [q.key for q in requests]  # only iterative sequences reschedule
+
+    def done(self, batch_id: int, now: float, written: WrittenStates) -> None:
+        """The execution ``batch_id`` ended; ``written()``: the output states each request
+        wrote (a request that failed or wrote none is absent), asked only with implicit
+        state."""
         batch = self._in_flight.pop(batch_id, None)
         if batch is None:
             return
         unwritten: dict[int, set[str]] = {}
         if self.states is not None:
             outputs = set(self._outputs)
+            wrote = written()
             for row in batch.rows:
                 if row.request is None or row.state is None:
                     continue
-                states = (written or {}).get(row.request.key, ())
+                states = wrote.get(row.request.key, ())
                 self.states.written(row.state.serial, states)
                 unwritten[row.state.serial] = outputs - {s.output_name for s in states}
         self.batcher.on_batch_done(batch, now, unwritten)
@@ -172,7 +163,7 @@ class SequenceScheduling:
         restarted worker."""
         if self.states is not None:
             if batch_id is not None:
-                self.done(batch_id, now, {})
+                self.done(batch_id, now, dict)
             return []
         if batch_id is not None:
             self._in_flight.pop(batch_id, None)
