@@ -64,6 +64,7 @@ def test_a_gpu_group_gets_one_instance_per_npu(tmp_path: pathlib.Path) -> None:
     path = os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])])
     server = _PatientServer([str(tmp_path / "repo")], env={"PYTHONPATH": path})
     server.env.pop("SHOAL_FAKE_GPUS", None)
+    server.env.pop("SHOAL_DEVICE_INVENTORY", None)  # declared devices would hide the NPUs
     with serving(server):
         client = httpclient.InferenceServerClient(server.url, concurrency=8)
         config = client.get_model_config("on_npu")
