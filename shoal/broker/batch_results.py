@@ -6,6 +6,7 @@ states a sequence batch wrote. No sockets: the loop delivers the answers.
 from __future__ import annotations
 
 from shoal.broker.model_runtime import ModelVersionRuntime
+from shoal.broker.pool import WorkerHandle
 from shoal.broker.schedulers.base import RequestKey
 from shoal.broker.trace_stamps import record_compute, with_stamps
 from shoal.errors import ErrorCode
@@ -80,3 +81,17 @@ def written_states(runtime: ModelVersionRuntime, keys: list[RequestKey], message
         if result is not None:
             written[key] = result.states
     return written
+
+
+def reschedule(runtime: ModelVersionRuntime, handle: WorkerHandle, keys: list[RequestKey],
+               rescheduled: set[int]) -> list[RequestKey]:
+    """The requests of a batch that the model released with RESCHEDULE wait for their
+    instance's next batch (iterative sequences, ``schedulers/iterative.py``); returns the
+    others, which ended or keep streaming, and those the scheduling cannot run again
+    (they end as answered with nothing)."""
+    index = next(i for i, slot in enumerate(runtime.instances) if slot.worker is handle)
+    again = {key for key in keys if (pending := runtime.requests.get(key)) is not None
+             and pending.exec_id in rescheduled}
+    refused = set(runtime.scheduling.reschedule(
+        index, [runtime.queued_again(key) for key in keys if key in again]))
+    return [key for key in keys if key not in again or key in refused]

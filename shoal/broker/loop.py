@@ -13,38 +13,34 @@ import logging
 import math
 import time
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 import zmq
 
-from shoal.broker.batch_results import batch_outcomes, written_states
-from shoal.broker.custom_metrics import merge_custom_metrics
+from shoal.broker.batch_results import batch_outcomes, reschedule, written_states
+from shoal.broker.dispatcher import Dispatcher
 from shoal.broker.ensemble.driver import ENSEMBLE_LEASE, INTERNAL, EnsembleDriver
 from shoal.broker.frontend_link import BLS_PREFIX, FrontendLink
 from shoal.broker.health import note_progress
 from shoal.broker.held_releases import HeldReleases, Hold
-from shoal.broker.lifecycle.device_ledger import device_memory
 from shoal.broker.lifecycle.driver import LifecycleDriver
-from shoal.broker.metrics_scrape import MetricsScrapes, Scrape
-from shoal.broker.model_runtime import InstanceSlot, ModelVersionRuntime, PendingRequest
+from shoal.broker.model_runtime import InstanceSlot, ModelVersionRuntime
 from shoal.broker.models import ModelManager
 from shoal.broker.pool import WorkerHandle, WorkerState, reap, restart_delay, spawn_worker
+from shoal.broker.queries import StatsDesk
 from shoal.broker.rate_limiter import RateLimiter
-from shoal.broker.rate_limiter.placement import placed_needs
 from shoal.broker.schedulers.base import RequestKey
 from shoal.broker.short_wait import wait_briefly
+from shoal.broker.stream_results import stream_answer
 from shoal.broker.trace_stamps import with_stamps
 from shoal.broker.worker_link import CONTROL_SUFFIX, WorkerEntry, WorkerLink
-from shoal.errors import ErrorCode, ShoalError
+from shoal.errors import ErrorCode
 from shoal.messages import (
-    Batch,
     BatchResult,
     CacheFigures,
     CancelExecuting,
     CancelRequest,
-    CollectCustomMetrics,
     ControlReply,
-    CustomMetricFamily,
     CustomMetricsSnapshot,
     Error,
     ForgetCudaHandles,
@@ -53,7 +49,6 @@ from shoal.messages import (
     InferRequest,
     InferRequestBatch,
     InferResponse,
-    InlineTensor,
     Lease,
     LoadModel,
     LogLevel,
@@ -61,8 +56,6 @@ from shoal.messages import (
     RegionRegistered,
     RegionUnregistered,
     ReleaseLeases,
-    StateBinding,
-    StatsReply,
     StatsRequest,
     StreamResponse,
     StreamResponses,
@@ -106,10 +99,7 @@ class BrokerLoop:
         self.workers = WorkerLink(self.context, self.worker_endpoint, self.poller)
         # lease releases for workers, riding on their next Batch (held_releases.py)
         self.held_releases = HeldReleases()
-        self.scrapes = MetricsScrapes()  # /metrics scrapes waiting for workers' custom metrics
         self.snapshot_dirty = False
-        self.next_batch_id = 1
-        self.next_exec_id = 1
         self.spawn_counter = 0
         self.stopping = False
         self.log_level: LogLevel | None = None  # the logging API's last change, for new workers
@@ -120,9 +110,13 @@ class BrokerLoop:
         self.ensembles = EnsembleDriver(self.submit, self.answer, self.forward_releases,
                                         self.cancel)
         self.lifecycle = LifecycleDriver(settings, models, self)
+        self.stats = StatsDesk(models, self.workers, self.frontends, self.ensembles.in_flight,
+                               self.lifecycle.ledger)
         # --rate-limit execution_count: batches start only when granted (rate_limiter/)
-        self.rate_limiter = (RateLimiter(settings.rate_limit_resources)
-                             if settings.rate_limit == "execution_count" else None)
+        self.dispatcher = Dispatcher(
+            self.workers, self.held_releases,
+            RateLimiter(settings.rate_limit_resources)
+            if settings.rate_limit == "execution_count" else None, self.finish_error)
         self.poller.register(self.lifecycle.wake_fd, zmq.POLLIN)
 
     # ------------------------------------------------------------------ lifecycle
@@ -140,7 +134,7 @@ class BrokerLoop:
         self.workers.add(handle, runtime, slot)
         runtime.refresh_state()
         self.snapshot_dirty = True
-        self.refresh_rate_limits()
+        self.dispatcher.refresh_rate_limits(self.models.runtimes())
 
     def initial_load_done(self) -> bool:
         return self.lifecycle.initial_done()
@@ -194,7 +188,7 @@ class BrokerLoop:
         deadline = now + _MAX_WAIT_S
         if self.lifecycle_deadline is not None:
             deadline = min(deadline, self.lifecycle_deadline)
-        scrape_deadline = self.scrapes.next_deadline()
+        scrape_deadline = self.stats.next_deadline()
         if scrape_deadline is not None:
             deadline = min(deadline, scrape_deadline)
         for runtime in self.models.runtimes():
@@ -216,8 +210,8 @@ class BrokerLoop:
                         and not self.stopping and not runtime.retiring):
                     slot.restarts += 1
                     self.spawn(runtime, slot, now)
-            self.dispatch(runtime, now)
-        self.answer_scrapes(self.scrapes.expired(now))
+            self.dispatcher.dispatch(runtime, now)
+        self.stats.expire(now)
         if now >= self.lifecycle_due:
             self.lifecycle.tick(now)
             self.lifecycle_due = now + _LIFECYCLE_PERIOD_S
@@ -266,58 +260,15 @@ class BrokerLoop:
         elif isinstance(message, (RegionRegistered, RegionUnregistered)):
             self.frontends.regions.record(message)
         elif isinstance(message, CacheFigures):
-            self.record_cache_figures(message)
+            self.stats.record_cache_figures(message)
         elif isinstance(message, StatsRequest):
-            if message.custom_metrics and not message.model:
-                self.start_scrape(identity, message.query_id, now)
-            else:
-                self.answer_stats(identity, message.query_id, message.model, message.version)
-
-    def answer_stats(self, identity: bytes, query_id: int, model: str = "",
-                     version: int = -1) -> None:
-        models = self.models.stats(model, version, self.ensembles.in_flight)
-        custom = [] if model else self.custom_metrics()
-        devices = [] if model else device_memory(self.lifecycle.ledger)
-        self.frontends.send(identity, StatsReply(query_id, models, custom_metrics=custom,
-                                                 devices=devices))
-
-    def start_scrape(self, identity: bytes, query_id: int, now: float) -> None:
-        """A ``/metrics`` scrape: ask the serving workers for their custom metrics now; it is
-        answered when they all replied or on its deadline (``metrics_scrape``)."""
-        serving = [handle.identity for handle, _, _ in self.workers.entries.values()
-                   if handle.state in (WorkerState.IDLE, WorkerState.BUSY)]
-        token, scrape = self.scrapes.start(identity, query_id, serving, now)
-        for worker in scrape.waiting:
-            self.workers.send_control(worker, CollectCustomMetrics(token))
-        if not scrape.waiting:
-            self.answer_stats(identity, query_id)
-
-    def answer_scrapes(self, scrapes: list[Scrape]) -> None:
-        for scrape in scrapes:
-            self.answer_stats(scrape.frontend, scrape.query_id)
-
-    def record_cache_figures(self, message: CacheFigures) -> None:
-        """A frontend's response-cache hits and misses join the serving versions' statistics
-        (figures of a version no longer served are dropped)."""
-        for figures in message.figures:
-            runtime = self.models.runtime(figures.model, figures.version)
-            if runtime is not None:
-                runtime.stats.record_cache(figures.hits, figures.hit_ns, figures.misses,
-                                           figures.miss_ns)
-
-    def custom_metrics(self) -> list[CustomMetricFamily]:
-        """The models' custom metrics over the workers still serving (an unloading model's go
-        at once, a dead worker's with it)."""
-        return merge_custom_metrics(
-            handle.custom_metrics for handle, _, _ in
-            sorted(self.workers.entries.values(), key=lambda entry: entry[0].identity)
-            if handle.state not in (WorkerState.STOPPING, WorkerState.DEAD))
+            self.stats.on_request(identity, message, now)
 
     def submit(self, identity: bytes, request: InferRequest, now: float) -> None:
         """Queue a request and dispatch at once (an ensemble's steps: no tick follows them)."""
         runtime = self.enqueue(identity, request, now)
         if runtime is not None:
-            self.dispatch(runtime, now)
+            self.dispatcher.dispatch(runtime, now)
 
     def enqueue(self, identity: bytes, request: InferRequest, now: float
                 ) -> ModelVersionRuntime | None:
@@ -416,87 +367,7 @@ class BrokerLoop:
     def broadcast_snapshot(self) -> None:
         self.snapshot_dirty = False
         self.frontends.broadcast(self.models.snapshot(self.stopping))
-        self.refresh_rate_limits()
-
-    def refresh_rate_limits(self) -> None:
-        """The resources' copies follow the instances held (loads were checked, so this only
-        fails on a broker bug: the old limits stay)."""
-        if self.rate_limiter is None:
-            return
-        try:
-            self.rate_limiter.set_instances(placed_needs(self.models.runtimes()))
-        except ShoalError as error:
-            logger.error("rate limiter resources not updated: %s", error.message)
-
-    # ------------------------------------------------------------------ scheduling
-
-    def dispatch(self, runtime: ModelVersionRuntime, now: float) -> None:
-        """Give each idle instance its next work (the rate limiter decides whose turn it is
-        when there is one)."""
-        if self.rate_limiter is not None:
-            self.dispatch_rate_limited(runtime, now)
-            return
-        scheduling = runtime.scheduling
-        for index, slot in enumerate(runtime.instances):
-            worker = slot.worker
-            if worker is None or worker.state is not WorkerState.IDLE:
-                continue
-            if not self.run_work(runtime, index, worker, now) and not scheduling.per_instance:
-                return  # one queue for all: nothing for this one is nothing for the rest
-
-    def dispatch_rate_limited(self, runtime: ModelVersionRuntime, now: float) -> None:
-        """Every idle instance with work ready waits for its turn (as Triton: staged only with
-        a batch ready); then every instance (of any model) whose turn it is and whose
-        resources are free starts its work."""
-        assert self.rate_limiter is not None
-        for index, slot in enumerate(runtime.instances):
-            if (slot.worker is not None and slot.worker.state is WorkerState.IDLE
-                    and runtime.scheduling.has_work(index, now)):
-                self.rate_limiter.stage(slot.worker.identity, slot.device_id, slot.rate_needs)
-        self.grant_rate_limited(now)
-
-    def grant_rate_limited(self, now: float) -> None:
-        assert self.rate_limiter is not None
-        while self.rate_limiter.grant_next(lambda identity: self.start_granted(identity, now)):
-            pass
-
-    def start_granted(self, identity: str, now: float) -> bool:
-        """The rate limiter granted this worker its resources: send it its work. False if it
-        has nothing to run (or is no longer idle); the limiter then takes nothing."""
-        entry = self.workers.entries.get(identity)
-        if entry is None or entry[0].state is not WorkerState.IDLE:
-            return False
-        handle, runtime, slot = entry
-        return self.run_work(runtime, runtime.instances.index(slot), handle, now)
-
-    def run_work(self, runtime: ModelVersionRuntime, index: int, worker: WorkerHandle,
-                 now: float) -> bool:
-        """Send instance ``index``'s next work, if any; True if a batch was sent."""
-        work = runtime.scheduling.work_for(index, self.next_batch_id, now)
-        if work is None:
-            return False
-        if work.error is not None:
-            error = Error(work.error.code, work.error.message)
-            for key in work.keys:
-                self.finish_error(runtime, key, error, "OTHER", now)
-            return False
-        self.send_batch(runtime, worker, work.keys, now, work.rows, work.controls, work.states)
-        return True
-
-    def send_batch(self, runtime: ModelVersionRuntime, worker: WorkerHandle,
-                   keys: list[RequestKey], now: float, rows: list[int] | None = None,
-                   controls: list[InlineTensor] | None = None,
-                   states: Mapping[RequestKey, list[StateBinding]] | None = None) -> None:
-        """Hand these queued requests to an idle worker as one Batch."""
-        batch_id = self.next_batch_id
-        self.next_batch_id += 1
-        requests = runtime.start_batch(batch_id, keys, worker.identity, now, self.next_exec_id,
-                                       states or {})
-        self.next_exec_id += len(keys)
-        worker.state, worker.batch_id = WorkerState.BUSY, batch_id
-        note_progress(worker, now)
-        self.workers.send(worker.identity, Batch(batch_id, requests, rows or [], controls or [],
-                                                self.held_releases.take(worker.identity)))
+        self.dispatcher.refresh_rate_limits(self.models.runtimes())
 
     # ------------------------------------------------------------------ workers
 
@@ -511,9 +382,7 @@ class BrokerLoop:
                 handle.llm = message.llm
         elif isinstance(message, CustomMetricsSnapshot):
             handle.custom_metrics = message.custom_metrics
-            done = self.scrapes.answered(message.token, handle.identity)
-            if done is not None:
-                self.answer_scrapes([done])
+            self.stats.on_snapshot(handle.identity, message)
         elif isinstance(message, BatchResult):
             self.on_batch_result(handle, runtime, message, now)
         elif isinstance(message, StreamResponse):
@@ -535,7 +404,7 @@ class BrokerLoop:
             runtime.refresh_state()
             self.snapshot_dirty = True
             self.lifecycle_due = 0.0  # a loading generation may be ready now
-            self.dispatch(runtime, now)
+            self.dispatcher.dispatch(runtime, now)
         elif isinstance(message, WorkerLoadFailed):
             slot.last_exit = f"failed to load: {message.message}"
             runtime.reason = f"model instance '{slot.instance_name}' failed to load: " \
@@ -546,7 +415,7 @@ class BrokerLoop:
                         message: BatchResult, now: float) -> None:
         keys, rows, early = runtime.end_batch(message.batch_id)
         if message.rescheduled:
-            keys = self.reschedule(runtime, handle, keys, set(message.rescheduled))
+            keys = reschedule(runtime, handle, keys, set(message.rescheduled))
         # an ensemble's steps' queue times (none to look up while no ensemble request runs)
         step_queued = {key[1]: p.queued_ns for key in keys
                        if (p := runtime.requests.get(key)) is not None
@@ -555,8 +424,7 @@ class BrokerLoop:
                                 lambda: written_states(runtime, keys, message))
         if handle.batch_id == message.batch_id:
             handle.state, handle.batch_id = WorkerState.IDLE, None
-            if self.rate_limiter is not None:
-                self.rate_limiter.release(handle.identity)
+            self.dispatcher.batch_done(handle.identity)
         for key, frontend, response in batch_outcomes(runtime, keys, rows, early, message,
                                                       handle.streams, now):
             if frontend == INTERNAL:  # an ensemble step: its durations count there too
@@ -564,61 +432,15 @@ class BrokerLoop:
                                                step_queued.get(key[1], 0))
             self.deliver(runtime, key, frontend, response)
         note_progress(handle, now)  # after batch_outcomes: decoupled requests left open owe more
-        self.dispatch(runtime, now)
-
-    @staticmethod
-    def reschedule(runtime: ModelVersionRuntime, handle: WorkerHandle, keys: list[RequestKey],
-                   rescheduled: set[int]) -> list[RequestKey]:
-        """The requests of a batch that the model released with RESCHEDULE wait for their
-        instance's next batch (iterative sequences, ``schedulers/iterative.py``); returns the
-        others, which ended or keep streaming, and those the scheduling cannot run again
-        (they end as answered with nothing)."""
-        index = next(i for i, slot in enumerate(runtime.instances) if slot.worker is handle)
-        again = {key for key in keys if (pending := runtime.requests.get(key)) is not None
-                 and pending.exec_id in rescheduled}
-        refused = set(runtime.scheduling.reschedule(
-            index, [runtime.queued_again(key) for key in keys if key in again]))
-        return [key for key in keys if key not in again or key in refused]
+        self.dispatcher.dispatch(runtime, now)
 
     def on_stream_response(self, handle: WorkerHandle, runtime: ModelVersionRuntime,
                            message: StreamResponse, now: float) -> None:
-        key = runtime.by_exec.get(message.request_id)
-        pending = runtime.requests.get(key) if key is not None else None
-        if message.final:
-            handle.streams.discard(message.request_id)
-        note_progress(handle, now)
-        if key is None or pending is None:  # already ended (e.g. failed): give the memory back
-            if message.lease is not None:
-                self.forward_releases([message.lease])
-            return
-        response = InferResponse(key[1], runtime.version, message.outputs, message.parameters,
-                                 message.error, message.lease, message.final, message.empty)
-        if message.final and pending.trace is not None:
-            response = with_stamps(response, pending.trace)
-        self.answer(pending.frontend, response)
-        if not pending.responded:
-            pending.responded = True
-            runtime.stats.record_first_response(int((now - pending.arrival) * 1e9))
-        if message.final:
-            runtime.forget(key)
-            self.count_stream_end(runtime, pending, message.error, now)
-
-    @staticmethod
-    def count_stream_end(runtime: ModelVersionRuntime, pending: PendingRequest,
-                         error: Error | None, now: float) -> None:
-        """A decoupled request's stream ended with ``error`` (its final response's): a success
-        unless its execution failed (stats.py). Its compute durations are the batch's, known
-        already (``pending.compute``) or counted when the BatchResult comes."""
-        elapsed = int((now - pending.arrival) * 1e9)
-        if error is not None and not error.in_response:
-            runtime.stats.record_failure(elapsed, "BACKEND")
-            return
-        runtime.stats.record_success(elapsed, pending.queued_ns, pending.request.batch_size)
-        if pending.compute is not None:
-            runtime.stats.record_compute(pending.compute)
-        elif pending.batch_id in runtime.batches:
-            runtime.early_successes[pending.batch_id] = \
-                runtime.early_successes.get(pending.batch_id, 0) + 1
+        outcome = stream_answer(handle, runtime, message, now)
+        if isinstance(outcome, tuple):
+            self.answer(*outcome)
+        elif outcome is not None:  # its request already ended: the memory goes back
+            self.forward_releases([outcome])
 
     def deliver(self, runtime: ModelVersionRuntime, key: RequestKey, frontend: bytes,
                 response: InferResponse) -> None:
@@ -650,8 +472,7 @@ class BrokerLoop:
         handle, runtime, slot = self.workers.remove(identity)
         reap(handle, timeout=1.0)
         self.held_releases.drop(identity)  # its arena is removed below
-        if self.rate_limiter is not None:
-            self.rate_limiter.forget(identity)  # what it held is free; tick grants it again
+        self.dispatcher.worker_gone(identity)  # what it held is free; tick grants it again
         expected = handle.state is WorkerState.STOPPING and slot.last_exit == ""
         description = handle.exit_description()
         remove_segments_with_prefix(handle.spec.arena_prefix)
@@ -669,7 +490,7 @@ class BrokerLoop:
         for key in keys:
             self.finish_error(runtime, key, error, "BACKEND", now)
         handle.state = WorkerState.DEAD
-        self.answer_scrapes(self.scrapes.worker_gone(handle.identity))
+        self.stats.worker_gone(handle.identity)
         self.lifecycle_due = 0.0  # a load may have failed, a drained version may be gone
         if slot.worker is handle:
             slot.worker = None
