@@ -9,8 +9,6 @@ from tritonclient.grpc import model_config_pb2 as pb
 
 from shoal.config.model_config import (
     backend_name,
-    config_from_json,
-    config_to_json,
     full_shape,
     instance_names,
     is_decoupled,
@@ -20,6 +18,7 @@ from shoal.config.model_config import (
     platform_name,
     tensor_specs,
 )
+from shoal.config.model_config_json import config_from_json, config_to_json
 from shoal.errors import ErrorCode, ShoalError
 from shoal.messages import TensorSpec
 

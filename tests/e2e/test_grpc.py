@@ -27,7 +27,7 @@ from tritonclient.grpc import service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from shoal import dtypes
-from shoal.config.model_config import config_from_json
+from shoal.config.model_config_json import config_from_json
 from shoal.dtypes import DATATYPES
 from shoal.frontend.cuda_shm import torch_sees_cuda
 from tests.e2e.server import ShoalServer

@@ -21,7 +21,7 @@ import grpc
 from google.protobuf import json_format
 from tritonclient.grpc import service_pb2 as pb
 
-from shoal.config.model_config import config_from_json
+from shoal.config.model_config_json import config_from_json
 from shoal.errors import ShoalError, invalid_arg, unavailable
 from shoal.frontend.core import documents, model_lookup
 from shoal.frontend.core.header_forward import compile_pattern
