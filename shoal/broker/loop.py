@@ -23,10 +23,11 @@ from shoal.broker.ensemble.driver import ENSEMBLE_LEASE, INTERNAL, EnsembleDrive
 from shoal.broker.frontend_link import BLS_PREFIX, FrontendLink
 from shoal.broker.health import note_progress
 from shoal.broker.held_releases import HeldReleases, Hold
+from shoal.broker.instance_deaths import death_error, held_by, plan_restart
 from shoal.broker.lifecycle.driver import LifecycleDriver
 from shoal.broker.model_runtime import InstanceSlot, ModelVersionRuntime
 from shoal.broker.models import ModelManager
-from shoal.broker.pool import WorkerHandle, WorkerState, reap, restart_delay, spawn_worker
+from shoal.broker.pool import WorkerHandle, WorkerState, reap, spawn_worker
 from shoal.broker.queries import StatsDesk
 from shoal.broker.rate_limiter import RateLimiter
 from shoal.broker.schedulers.base import RequestKey
@@ -477,17 +478,8 @@ class BrokerLoop:
         description = handle.exit_description()
         remove_segments_with_prefix(handle.spec.arena_prefix)
         self.frontends.caller_gone(BLS_PREFIX + identity.encode())  # leases its BLS calls held
-        error = Error(ErrorCode.INTERNAL,
-                      f"model instance '{slot.instance_name}' of model '{runtime.name}' "
-                      f"version {runtime.version} (pid {handle.pid}) {description} while "
-                      "executing the request")
-        keys = runtime.end_batch(handle.batch_id)[0] if handle.batch_id is not None else []
-        keys += [runtime.by_exec[e] for e in handle.streams if e in runtime.by_exec]
-        # what waited for this instance alone (sequences without implicit state, rescheduled
-        # requests) ends with it
-        keys += runtime.scheduling.fail_instance(runtime.instances.index(slot), handle.batch_id,
-                                                 now)
-        for key in keys:
+        error = death_error(runtime, slot, handle, description)
+        for key in held_by(runtime, slot, handle, now):
             self.finish_error(runtime, key, error, "BACKEND", now)
         handle.state = WorkerState.DEAD
         self.stats.worker_gone(handle.identity)
@@ -498,18 +490,8 @@ class BrokerLoop:
             return
         logger.error("model %s instance %s (pid %d) %s", runtime.name, slot.instance_name,
                      handle.pid, description)
-        if not slot.last_exit:
-            slot.last_exit = description
-        served = now - handle.ready_at if handle.ready_at is not None else 0.0
-        slot.failures = 0 if served >= 60.0 else slot.failures + 1
-        if not slot.ever_ready or runtime.gave_up_on(slot):
-            slot.gave_up = True
-            runtime.reason = runtime.reason or f"model instance '{slot.instance_name}' " \
-                                               f"{slot.last_exit}"
-            if not runtime.serving():
-                self.fail_queued(runtime, now)
-        else:
-            slot.restart_at = now + restart_delay(slot.failures - 1, served)
+        if not plan_restart(runtime, slot, handle, description, now):
+            self.fail_queued(runtime, now)  # nothing serves the version any more
         runtime.refresh_state()
         self.snapshot_dirty = True
 
