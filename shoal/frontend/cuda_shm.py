@@ -12,11 +12,11 @@ import os
 from typing import TYPE_CHECKING, Final
 
 from shoal.errors import invalid_arg, unsupported
-from shoal.frontend.shm_registry import DISABLED_MESSAGE
+from shoal.frontend.shm_contract import DISABLED_MESSAGE
 from shoal.shm.cuda_ipc import provided_device_count
 
 if TYPE_CHECKING:
-    from shoal.frontend.shm_registry import SharedMemoryRegistry
+    from shoal.frontend.shm_contract import SharedMemoryRegistry
     from shoal.settings import Settings
 
 # device nodes without which no CUDA runtime (hence torch) can see a GPU: Linux driver, WSL

@@ -1,12 +1,7 @@
-"""Triton's shared-memory extensions: client-registered regions (CONTRACT; the implementation
-lives in this module, see the class docstring for what it must guarantee).
-
-Clients register a region name -> a POSIX shm object (system: key, offset, byte_size) or a CUDA
-allocation (CUDA: IPC handle, device id, byte_size); inputs and requested outputs then name a
-region plus ``shared_memory_offset`` / ``shared_memory_byte_size``. The tensor bytes never pass
-through the frontend or the broker: the frontend only checks bounds and turns the reference into
-a ``TensorRef`` (inputs) or an ``OutputTarget`` (outputs) pointing into the client's memory,
-which the worker maps itself (CUDA: ``cuda`` set, ``region`` empty).
+"""The frontend's registry of client shared-memory regions, system and CUDA
+(``ClientSharedMemoryRegistry``): the implementation of ``shm_contract.SharedMemoryRegistry``,
+whose docstring says what it guarantees (docs/architecture.md §4). ``RegionStatus`` and
+``CudaRegionStatus`` are re-exported here for the callers that still import them from this module.
 """
 
 from __future__ import annotations
@@ -14,8 +9,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import ClassVar, Final, Protocol, TypeVar
+from typing import Final, TypeVar
 
 from shoal import dtypes
 from shoal.errors import ErrorCode, ShoalError, invalid_arg, not_found, unavailable, unsupported
@@ -27,153 +21,19 @@ from shoal.frontend.core.shm_checks import (
     open_client_object,
     validated_key_body,
 )
+from shoal.frontend.shm_contract import DISABLED_MESSAGE
+from shoal.frontend.shm_contract import CudaRegionStatus as CudaRegionStatus
+from shoal.frontend.shm_contract import RegionStatus as RegionStatus
+from shoal.frontend.shm_regions import CudaRegion, Registration, SystemRegion
 from shoal.messages import ClientRegion, CudaHandle, OutputTarget, TensorRef
 from shoal.settings import Settings
 from shoal.shm.cuda_ipc import IPC_HANDLE_BYTES
 
 logger = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True)
-class RegionStatus:
-    name: str
-    key: str
-    offset: int
-    byte_size: int
-
-
-@dataclass(frozen=True)
-class CudaRegionStatus:
-    name: str
-    device_id: int
-    byte_size: int
-
-
-class SharedMemoryRegistry(Protocol):
-    """Guarantees: off unless enabled (--allow-client-shm): register/unregister/use then raise
-    ShoalError(UNSUPPORTED) while status still works; system and CUDA regions share one name
-    space, status/unregister see one kind each; every offset and size is checked with
-    overflow-safe arithmetic; at register time a system object's real size (fstat) must cover
-    offset + byte_size; internal segments (``/shoal-`` keys) can never be registered and their
-    names never appear in errors; caps on region count (both kinds) and mapped bytes (system);
-    a region used by an in-flight request is not unmapped (CUDA: not forgotten) until that
-    request ends (unregister is deferred); errors name the region and the tensor.
-    Single-threaded: the frontend's event loop."""
-
-    def register(self, name: str, key: str, offset: int, byte_size: int) -> None: ...
-
-    def register_cuda(self, name: str, raw_handle: bytes, device_id: int, byte_size: int,
-                      device_count: int) -> None:
-        """A CUDA allocation: ``raw_handle`` is its 64-byte ``cudaIpcMemHandle_t``,
-        ``device_id`` must be below ``device_count`` (the server's CUDA devices, probed by the
-        caller), ``byte_size`` positive."""
-        ...
-
-    def unregister(self, name: str | None) -> None:
-        """System regions. ``None`` unregisters every one. Unknown names, and names of CUDA
-        regions, are not an error and do nothing (Triton)."""
-        ...
-
-    def cuda_unregister(self, name: str | None) -> None:
-        """As ``unregister``, for CUDA regions."""
-        ...
-
-    def status(self, name: str | None) -> list[RegionStatus]:
-        """System regions; ``name`` unknown or a CUDA region -> ShoalError(NOT_FOUND)."""
-        ...
-
-    def cuda_status(self, name: str | None) -> list[CudaRegionStatus]:
-        """As ``status``, for CUDA regions."""
-        ...
-
-    def resolve_input(self, request_id: int, region: str, offset: int, byte_size: int,
-                      tensor: str, datatype: str, shape: list[int], *,
-                      model_name: str = "") -> TensorRef:
-        """Checks that the region is registered, the slice lies inside it, and byte_size equals
-        the tensor's byte size (fixed-size types); re-checks a system object's real size and
-        BYTES framing (in a CUDA region the worker does; the texts of a request body's framing
-        check, naming model ``model_name``); marks the region in use by
-        ``request_id``. System: ``region`` is the object's key, the offset absolute within it
-        (registration offset + shared_memory_offset). CUDA: ``region`` is "", ``cuda`` the
-        registration, the offset counts from the allocation's start."""
-        ...
-
-    def resolve_output(self, request_id: int, region: str, offset: int, byte_size: int,
-                       tensor: str) -> OutputTarget:
-        """As resolve_input, for a requested output (its size is checked by the worker when it
-        knows the output's shape: too small -> INVALID_ARG naming the output)."""
-        ...
-
-    def read_system(self, request_id: int, object_name: str, offset: int,
-                    nbytes: int) -> bytes | None:
-        """A copy of bytes of a system region the request uses (the response cache)."""
-        ...
-
-    def write_system(self, request_id: int, object_name: str, offset: int,
-                     data: memoryview) -> None:
-        """Write into a system region the request names as an output (the response cache)."""
-        ...
-
-    def release_request(self, request_id: int) -> None:
-        """The request ended: its regions are no longer in use (deferred unregisters happen)."""
-        ...
-
-    def restore(self, region: ClientRegion) -> None:
-        """Take over a registration that this frontend's index held before a restart (the
-        broker kept it): checked as at register time (a system object must still exist and
-        cover it; a CUDA device is not probed again), not reported again. Raises ShoalError
-        when it cannot be taken over."""
-        ...
-
-    def close(self) -> None: ...
-
-
-# ---------------------------------------------------------------------------- implementation
-
 SHM_DIRECTORY: Final = "/dev/shm"  # where Linux (glibc shm_open) keeps POSIX shm objects
 
-DISABLED_MESSAGE: Final = (
-    "client shared memory is disabled on this server; start it with --allow-client-shm=true "
-    "to register and use shared-memory regions"
-)
-
-
-@dataclass(eq=False)
-class _Region:
-    """One system registration. ``fd`` is the client's object, opened at register time and kept
-    open so that every check fstats the very object that was registered. The frontend never
-    maps it (no SIGBUS surface here); workers map it by ``object_name``."""
-
-    kind: ClassVar[str] = "system"
-    name: str
-    key: str  # as the client gave it (status shows it)
-    object_name: str  # "/<name in /dev/shm>", what TensorRef / OutputTarget carry
-    offset: int
-    byte_size: int
-    fd: int
-    object_id: int  # the object's inode number: workers map only this object (TensorRef)
-    users: set[int] = field(default_factory=set)  # request ids using it now
-    unregistered: bool = False
-
-
-@dataclass(eq=False)
-class _CudaRegion:
-    """One CUDA registration: nothing is held here; workers open ``handle`` themselves and keep
-    it mapped until told to forget it."""
-
-    kind: ClassVar[str] = "CUDA"
-    name: str
-    handle: CudaHandle
-    users: set[int] = field(default_factory=set)  # request ids using it now
-    unregistered: bool = False
-
-    @property
-    def byte_size(self) -> int:
-        return self.handle.byte_size
-
-
-_Registration = _Region | _CudaRegion
-_Kind = TypeVar("_Kind", _Region, _CudaRegion)
+_Kind = TypeVar("_Kind", SystemRegion, CudaRegion)
 
 
 def _no_forget(handles: list[CudaHandle]) -> None:
@@ -217,9 +77,9 @@ class ClientSharedMemoryRegistry:
         self._on_cuda_forget = on_cuda_forget
         self._on_registered = on_registered
         self._on_unregistered = on_unregistered
-        self._regions: dict[str, _Registration] = {}
-        self._retiring: set[_Registration] = set()
-        self._in_use: dict[int, list[_Registration]] = {}
+        self._regions: dict[str, Registration] = {}
+        self._retiring: set[Registration] = set()
+        self._in_use: dict[int, list[Registration]] = {}
         self._open_bytes = 0
 
     @property
@@ -263,7 +123,7 @@ class ClientSharedMemoryRegistry:
         except BaseException:
             os.close(fd)
             raise
-        self._regions[name] = _Region(name, key, "/" + body, offset, byte_size, fd, object_id)
+        self._regions[name] = SystemRegion(name, key, "/" + body, offset, byte_size, fd, object_id)
         self._open_bytes += byte_size
         logger.info("registered system shared memory region %r: key %r, offset %d, %d bytes",
                     name, key, offset, byte_size)
@@ -282,24 +142,24 @@ class ClientSharedMemoryRegistry:
             raise invalid_arg(f"{where}: 'byte_size' must be positive")
         self._check_caps(name, 0)
         handle = CudaHandle(bytes(raw_handle), device_id, byte_size)
-        self._regions[name] = _CudaRegion(name, handle)
+        self._regions[name] = CudaRegion(name, handle)
         logger.info("registered CUDA shared memory region %r: device %d, %d bytes",
                     name, device_id, byte_size)
         return handle
 
     def unregister(self, name: str | None) -> None:
-        self._unregister(name, _Region)
+        self._unregister(name, SystemRegion)
 
     def cuda_unregister(self, name: str | None) -> None:
-        self._unregister(name, _CudaRegion)
+        self._unregister(name, CudaRegion)
 
     def status(self, name: str | None) -> list[RegionStatus]:
         return [RegionStatus(r.name, r.key, r.offset, r.byte_size)
-                for r in self._chosen(name, _Region)]
+                for r in self._chosen(name, SystemRegion)]
 
     def cuda_status(self, name: str | None) -> list[CudaRegionStatus]:
         return [CudaRegionStatus(r.name, r.handle.device_id, r.byte_size)
-                for r in self._chosen(name, _CudaRegion)]
+                for r in self._chosen(name, CudaRegion)]
 
     # ------------------------------------------------------------------ use by requests
 
@@ -314,11 +174,11 @@ class ClientSharedMemoryRegistry:
                     f"input byte size mismatch for input '{tensor}': shape "
                     f"[{','.join(map(str, shape))}] of {datatype} needs {expected} bytes, "
                     f"'shared_memory_byte_size' is {byte_size}")
-        elif isinstance(found, _Region):
+        elif isinstance(found, SystemRegion):
             check_bytes_framing(found.fd, found.offset + offset, byte_size,
                                 dtypes.element_count(shape), tensor, model_name)
         self._mark_in_use(request_id, found)
-        if isinstance(found, _CudaRegion):
+        if isinstance(found, CudaRegion):
             return TensorRef(tensor, datatype, list(shape), "", offset, byte_size,
                              cuda=found.handle)
         return TensorRef(tensor, datatype, list(shape), found.object_name,
@@ -328,7 +188,7 @@ class ClientSharedMemoryRegistry:
                        tensor: str) -> OutputTarget:
         found = self._checked_slice(region, offset, byte_size, f"output '{tensor}'")
         self._mark_in_use(request_id, found)
-        if isinstance(found, _CudaRegion):
+        if isinstance(found, CudaRegion):
             return OutputTarget("", offset, byte_size, cuda=found.handle)
         return OutputTarget(found.object_name, found.offset + offset, byte_size,
                             object_id=found.object_id)
@@ -342,7 +202,7 @@ class ClientSharedMemoryRegistry:
         names the object or the object is shorter now."""
         region = self._system_region_of(request_id, object_name)
         if region is None:
-            region = next((r for r in self._regions.values() if isinstance(r, _Region)
+            region = next((r for r in self._regions.values() if isinstance(r, SystemRegion)
                            and r.object_name == object_name and r.fd >= 0), None)
         if region is None:
             return None
@@ -363,15 +223,15 @@ class ClientSharedMemoryRegistry:
         while written < len(data):
             written += os.pwrite(region.fd, data[written:], offset + written)
 
-    def _system_region_of(self, request_id: int, object_name: str) -> _Region | None:
+    def _system_region_of(self, request_id: int, object_name: str) -> SystemRegion | None:
         for region in self._in_use.get(request_id, ()):
-            if isinstance(region, _Region) and region.object_name == object_name \
+            if isinstance(region, SystemRegion) and region.object_name == object_name \
                     and region.fd >= 0:
                 return region
         return None
 
     def release_request(self, request_id: int) -> None:
-        ended: list[_Registration] = []
+        ended: list[Registration] = []
         for region in self._in_use.pop(request_id, ()):
             region.users.discard(request_id)
             if region.unregistered and not region.users:
@@ -418,7 +278,7 @@ class ClientSharedMemoryRegistry:
     def _unregister(self, name: str | None, kind: type[_Kind]) -> None:
         self._check_enabled()
         names = list(self._regions) if name is None else [name]
-        ended: list[_Registration] = []
+        ended: list[Registration] = []
         for region_name in names:
             region = self._regions.get(region_name)
             if not isinstance(region, kind):  # unknown, or of the other kind: nothing to do
@@ -446,7 +306,7 @@ class ClientSharedMemoryRegistry:
                         f"memory, not {kind.kind} shared memory")
 
     def _checked_slice(self, region: str, offset: int, byte_size: int,
-                       what: str) -> _Registration:
+                       what: str) -> Registration:
         """The registered region named ``region`` after checking that [offset, +byte_size)
         lies inside the registration and, for a system object, right now inside its size."""
         self._check_enabled()
@@ -461,7 +321,7 @@ class ClientSharedMemoryRegistry:
                 f"Invalid offset + byte size for shared memory region: '{region}': "
                 f"'shared_memory_offset' {offset} + 'shared_memory_byte_size' {byte_size} of "
                 f"{what} is past the end of the region ({found.byte_size} bytes)")
-        if isinstance(found, _Region):
+        if isinstance(found, SystemRegion):
             end = found.offset + offset + byte_size
             size = object_size(found.fd, region, found.key)
             if size < end:
@@ -470,22 +330,22 @@ class ClientSharedMemoryRegistry:
                     f"now holds {size} bytes, the request needs {end}")
         return found
 
-    def _mark_in_use(self, request_id: int, region: _Registration) -> None:
+    def _mark_in_use(self, request_id: int, region: Registration) -> None:
         if request_id not in region.users:
             region.users.add(request_id)
             self._in_use.setdefault(request_id, []).append(region)
 
-    def _drop(self, ended: list[_Registration]) -> None:
+    def _drop(self, ended: list[Registration]) -> None:
         """Registrations nobody uses any more: close system objects; forget CUDA handles that
         no live registration still names (workers map by handle and device, not by name)."""
         forgotten: dict[tuple[bytes, int], CudaHandle] = {}
         for region in ended:
-            if isinstance(region, _Region):
+            if isinstance(region, SystemRegion):
                 self._close(region)
             else:
                 forgotten[region.handle.raw_handle, region.handle.device_id] = region.handle
         for region in [*self._regions.values(), *self._retiring]:
-            if isinstance(region, _CudaRegion):
+            if isinstance(region, CudaRegion):
                 forgotten.pop((region.handle.raw_handle, region.handle.device_id), None)
         if forgotten:
             try:
@@ -494,7 +354,7 @@ class ClientSharedMemoryRegistry:
                 logger.exception("could not tell the workers to forget %d CUDA registrations",
                                  len(forgotten))
 
-    def _close(self, region: _Region) -> None:
+    def _close(self, region: SystemRegion) -> None:
         if region.fd >= 0:
             os.close(region.fd)
             region.fd = -1

@@ -10,7 +10,8 @@ from collections.abc import Iterator
 import pytest
 
 from shoal.errors import ErrorCode
-from shoal.frontend.shm_registry import ClientSharedMemoryRegistry, CudaRegionStatus, RegionStatus
+from shoal.frontend.shm_contract import CudaRegionStatus, RegionStatus
+from shoal.frontend.shm_registry import ClientSharedMemoryRegistry
 from shoal.messages import CudaHandle, OutputTarget, TensorRef
 from shoal.settings import Settings
 from tests.conftest import MakeObject

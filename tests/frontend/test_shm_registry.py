@@ -18,7 +18,8 @@ from shoal.frontend.core.decoded import DecodedInput, DecodedRequest
 from shoal.frontend.core.prepare import prepare_request
 from shoal.frontend.core.shm_params import SharedMemorySlice
 from shoal.frontend.core.validation import validate_request
-from shoal.frontend.shm_registry import ClientSharedMemoryRegistry, RegionStatus
+from shoal.frontend.shm_contract import RegionStatus
+from shoal.frontend.shm_registry import ClientSharedMemoryRegistry
 from shoal.messages import OutputTarget, TensorSpec
 from shoal.settings import Settings
 from tests.conftest import MakeObject

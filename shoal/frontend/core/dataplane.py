@@ -23,7 +23,7 @@ from shoal.messages import (
 from shoal.shm.arena import Slot
 
 if TYPE_CHECKING:
-    from shoal.frontend.shm_registry import SharedMemoryRegistry
+    from shoal.frontend.shm_contract import SharedMemoryRegistry
     from shoal.trace.record import RequestTrace
 
 

@@ -46,7 +46,7 @@ from shoal.shm.arena import Arena, Slot
 from shoal.shm.regions import RegionCache
 
 if TYPE_CHECKING:
-    from shoal.frontend.shm_registry import SharedMemoryRegistry
+    from shoal.frontend.shm_contract import SharedMemoryRegistry
     from shoal.trace.record import RequestTrace
 
 logger = logging.getLogger(__name__)

@@ -32,11 +32,11 @@ from shoal.frontend.http.infer import read_body
 from shoal.frontend.http.jsonparse import parse_json_object
 from shoal.frontend.http.restricted import ApiRoute
 from shoal.frontend.restricted import ApiCategory
-from shoal.frontend.shm_registry import DISABLED_MESSAGE
+from shoal.frontend.shm_contract import DISABLED_MESSAGE
 
 if TYPE_CHECKING:
     from shoal.frontend.core.dataplane import DataPlane
-    from shoal.frontend.shm_registry import SharedMemoryRegistry
+    from shoal.frontend.shm_contract import SharedMemoryRegistry
     from shoal.settings import Settings
 
 Endpoint = Callable[[Request], Awaitable[Response]]

@@ -12,7 +12,7 @@ import numpy as np
 
 from shoal.errors import ErrorCode, invalid_arg
 from shoal.frontend.core.dataplane import InferOutcome
-from shoal.frontend.shm_registry import RegionStatus
+from shoal.frontend.shm_contract import RegionStatus
 from shoal.messages import Error, InferRequest, InferResponse, Lease, OutputTarget, TensorRef
 from shoal.shm.arena import Slot
 from tests.frontend.http.fakes import FakeDataPlane

@@ -15,7 +15,8 @@ from tritonclient.grpc import service_pb2 as pb
 
 from shoal.frontend import cuda_shm
 from shoal.frontend.grpc.service import CUDA_SHM_NO_DEVICE
-from shoal.frontend.shm_registry import DISABLED_MESSAGE, ClientSharedMemoryRegistry
+from shoal.frontend.shm_contract import DISABLED_MESSAGE
+from shoal.frontend.shm_registry import ClientSharedMemoryRegistry
 from shoal.messages import CudaHandle
 from shoal.settings import Settings
 from shoal.shm.cuda_ipc import PROVIDER_ENV
