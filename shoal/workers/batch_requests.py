@@ -1,4 +1,4 @@
-"""A ``Batch``'s requests as the backend takes them (docs/architecture.md §1, worker step 5).
+"""A ``Batch``'s requests as the backend takes them (docs/architecture.md §3 step 5, §7).
 
 ``BatchRequests`` maps each ``WorkerRequest``'s inputs where they lie, without a copy: server
 segments (``RegionCache``), a client's system shared memory (``ClientRegions``), CUDA memory

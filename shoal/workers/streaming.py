@@ -1,4 +1,5 @@
-"""A decoupled model's responses: the worker's ``<identity>#s`` socket (docs/architecture.md §1).
+"""A decoupled model's responses: the worker's ``<identity>#s`` socket (docs/architecture.md §3
+"Decoupled models", §7 "Worker").
 
 ``DecoupledStreams`` keeps the requests of a decoupled model that are still answering (opened
 by ``batch_requests.BatchRequests`` as it builds them) and sends each response the model gives
