@@ -25,40 +25,41 @@ Ragged batching needs nothing here, as in Triton's python backend: every request
 model with its own inputs in their own shapes (``allow_ragged_batch`` only lets the broker batch
 them together), and ``batch_input`` / ``batch_output`` are ignored — Triton's python backend never
 builds batch input tensors (it hands the stub each request's own inputs) nor scatters outputs.
+
+Its parts (docs/architecture.md §7): ``async_runner`` (the model's event loop), ``decoupled``
+(a decoupled execute), ``returned`` (what execute gave back, judged as Triton's stub does),
+``responses`` (``InferenceResponse`` -> ``BackendResponse``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import contextlib
-import json
 import logging
 import os
 import sys
-import threading
-from collections.abc import Callable, Coroutine
 from typing import Any
 
-from shoal.dtypes import config_to_wire, numpy_to_wire
+from shoal.dtypes import numpy_to_wire
 from shoal.errors import ErrorCode, ShoalError
 from shoal.messages import Error
 from shoal.workers.backends.base import (
     RESCHEDULED,
     Answer,
     BackendRequest,
-    BackendResponse,
     CancelProbe,
     InstanceContext,
-    OutputTensor,
     Rescheduled,
     ResponseSink,
 )
 from shoal.workers.backends.python import c_utils, pb_bls, pb_utils
+from shoal.workers.backends.python.async_runner import AsyncRunner
+from shoal.workers.backends.python.decoupled import execute_decoupled
 from shoal.workers.backends.python.loader import import_model_file
 from shoal.workers.backends.python.pb_request import InferenceRequest, InferenceResponse
-from shoal.workers.backends.python.pb_tensor import TRITON_TO_WIRE, Tensor, host_array
-from shoal.workers.backends.reshape import reshapes, to_client, to_model
+from shoal.workers.backends.python.pb_tensor import Tensor
+from shoal.workers.backends.python.responses import ResponseConverter
+from shoal.workers.backends.python.returned import check_returned, execute_failed
+from shoal.workers.backends.reshape import reshapes, to_model
 from shoal.workers.backends.torch_threads import apply_intra_op_threads
 from shoal.workers.backends.torchscript_io import IoSpec
 
@@ -74,13 +75,11 @@ class PythonBackend:
         self._model_path_override = model_path
         self._model: Any = None
         self._instance_name = ""
-        self._output_datatypes: dict[str, str] = {}
         self._all_outputs: list[str] = []
         self._input_reshapes: dict[str, IoSpec] = {}  # config inputs with a ``reshape``
-        self._output_reshapes: dict[str, IoSpec] = {}
+        self._responses = ResponseConverter()
         self._batching = False
-        self._runner = _AsyncRunner()
-        self._warned_dtype: set[str] = set()
+        self._runner = AsyncRunner()
         self._decoupled = False
         self._iterative = False  # sequence_batching { iterative_sequence: true }
         self._send_response: ResponseSink | None = None
@@ -98,11 +97,9 @@ class PythonBackend:
         self._send_response = ctx.send_response
         self._is_cancelled = ctx.is_cancelled
         self._instance_name = ctx.instance_name
-        self._output_datatypes = {o.name: config_to_wire(_type_name(o.data_type))
-                                  for o in config.output if o.data_type != 0}
         self._all_outputs = [o.name for o in config.output]
         self._input_reshapes = reshapes(config.input)
-        self._output_reshapes = reshapes(config.output)
+        self._responses = ResponseConverter.for_config(config, ctx.instance_name)
         self._batching = config.max_batch_size > 0
         if "EXECUTION_ENV_PATH" in config.parameters:
             logger.warning("model instance '%s': parameters['EXECUTION_ENV_PATH'] is not "
@@ -141,16 +138,18 @@ class PythonBackend:
             return []
         pb_requests = [self._wrap_request(r) for r in requests]
         if self._decoupled:
-            return [self._rescheduling(p) if answer is None else answer for p, answer in zip(
-                pb_requests, self._execute_decoupled(requests, pb_requests), strict=True)]
+            errors = execute_decoupled(self._model, requests, pb_requests, runner=self._runner,
+                                       sink=self._send_response, instance=self._instance_name)
+            return [self._rescheduling(p) if error is None else error
+                    for p, error in zip(pb_requests, errors, strict=True)]
         try:
             returned = self._await_if_needed(self._model.execute(pb_requests))
-            responses = _check_returned(pb_requests, returned, self._instance_name)
+            responses = check_returned(pb_requests, returned, self._instance_name)
         except Exception as exc:
-            error = self._execute_failed(exc, len(requests))
+            error = execute_failed(self._instance_name, exc, len(requests))
             # a response already sent through the request's sender stands (Triton's stub had
             # delivered it at send; the error that followed is dropped for that request)
-            return [error if p.sent_response is None else self._convert_response(
+            return [error if p.sent_response is None else self._responses.convert(
                 p.sent_response, r) for p, r in zip(pb_requests, requests, strict=True)]
         answers: list[Answer] = []
         for response, pb_request, request in zip(responses, pb_requests, requests,
@@ -162,7 +161,7 @@ class PythonBackend:
             # None: its sender answers after execute returned
             answer = self._await_sender(pb_request) if response is None else response
             answers.append(answer if isinstance(answer, Error)
-                           else self._convert_response(answer, request))
+                           else self._responses.convert(answer, request))
         return answers
 
     def _rescheduling(self, pb_request: InferenceRequest) -> Rescheduled | Error | None:
@@ -191,74 +190,6 @@ class PythonBackend:
         response = sender.sent_response
         assert response is not None  # FINAL needs a response first (non-decoupled)
         return response
-
-    def _execute_failed(self, exc: BaseException, count: int) -> Error:
-        """execute() raised: logged once (with its traceback), and the error every request of
-        the call gets."""
-        logger.error("model instance '%s' failed to execute %d request(s)",
-                     self._instance_name, count, exc_info=exc)
-        return Error(ErrorCode.INTERNAL,
-                     f"Failed to process the request(s) for model '{self._instance_name}', "
-                     f"message: {type(exc).__name__}: {exc}")
-
-    def _execute_decoupled(
-        self, requests: list[BackendRequest], pb_requests: list[InferenceRequest]
-    ) -> list[BackendResponse | Error | None]:
-        """Responses travel through each request's sender (now or later, any thread); execute
-        itself answers nothing, except an error for requests whose sender is still open when
-        the model raised or returned anything but None (as Triton's python backend: a
-        decoupled execute must return None, and the client must not wait for ever).
-
-        An ``async def execute`` is not waited for (as Triton's stub): the coroutine runs on
-        the model's event loop in the background and the instance takes its next requests at
-        once, so several executes overlap while they await; when one ends with an exception
-        (or a return value) it is logged and the requests still open get the error."""
-        try:
-            returned = self._model.execute(pb_requests)
-            if asyncio.iscoroutine(returned):
-                self._runner.submit(returned, lambda outcome: self._background_done(
-                    outcome, requests, pb_requests))
-                return [None] * len(requests)
-        except Exception as exc:
-            error = self._execute_failed(exc, len(requests))
-        else:
-            if returned is None:
-                return [None] * len(requests)
-            error = self._returned_not_none(returned)
-        return [None if (p._sender is not None and p._sender.closed) else error
-                for p in pb_requests]
-
-    def _returned_not_none(self, returned: Any) -> Error:
-        logger.error("decoupled model instance '%s' returned %s from execute (must return "
-                     "None)", self._instance_name, type(returned).__name__)
-        return Error(ErrorCode.INTERNAL,
-                     f"Python model '{self._instance_name}' is using the decoupled mode "
-                     "and the execute function must return None.")
-
-    def _background_done(self, outcome: concurrent.futures.Future[Any],
-                         requests: list[BackendRequest],
-                         pb_requests: list[InferenceRequest]) -> None:
-        """A background decoupled execute ended (on the event loop's thread)."""
-        if outcome.cancelled():
-            return  # the loop was closed at unload
-        exc = outcome.exception()
-        if exc is not None:
-            error = self._execute_failed(exc, len(requests))
-        elif outcome.result() is not None:
-            error = self._returned_not_none(outcome.result())
-        else:
-            return
-        sink = self._send_response
-        if sink is None:
-            return
-        for request, pb_request in zip(requests, pb_requests, strict=True):
-            sender = pb_request.get_response_sender()
-            if sender.closed:
-                continue
-            sender._closed = True
-            # already ended (answered by another thread meanwhile): nothing to do
-            with contextlib.suppress(ShoalError):
-                sink(request.request_id, error, True)
 
     def unload(self) -> None:
         pb_bls.detach()
@@ -312,90 +243,12 @@ class PythonBackend:
             sink = self._send_response
 
             def emit(response: InferenceResponse | None, final: bool) -> None:
-                converted = None if response is None else self._convert_response(response,
+                converted = None if response is None else self._responses.convert(response,
                                                                                   request)
                 sink(request.request_id, converted, final)
 
             pb_request._emit = emit
         return pb_request
-
-    def _convert_response(self, response: InferenceResponse,
-                          request: BackendRequest) -> BackendResponse | Error:
-        error = response.error()
-        if error is not None:
-            code = error.code()
-            known = code in ErrorCode._value2member_map_
-            # the model answered with an error: the request itself succeeded (Triton's count)
-            return Error(ErrorCode(code) if known else ErrorCode.INTERNAL, error.message(),
-                         in_response=True)
-        wanted = set(request.requested_outputs)
-        outputs: list[OutputTensor] = []
-        for tensor in response.output_tensors():
-            name = tensor.name()
-            if wanted and name not in wanted:
-                continue
-            # No defensive copy when the output aliases an input (an identity model): the worker
-            # copies every output into shared memory before the request's inputs are released
-            # (batch results before the BatchResult, streamed ones inside send()).
-            array = host_array(tensor)
-            reshape = self._output_reshapes.get(name)
-            if reshape is not None:  # produced in its reshape shape, answered in its dims
-                array = to_client(array, reshape, self._batching)
-            outputs.append(OutputTensor(name, self._output_datatype(tensor), array))
-        parameters = _json_params(response.parameters())
-        return BackendResponse(outputs=outputs, parameters=parameters)
-
-    def _output_datatype(self, tensor: Tensor) -> str:
-        """The config's data_type when it fits the tensor (e.g. BF16 over uint16), else the
-        tensor's own type (what Triton sends)."""
-        native = TRITON_TO_WIRE[tensor.triton_dtype()]
-        declared = self._output_datatypes.get(tensor.name())
-        if declared is None or declared == native:
-            return native
-        if declared == "BF16" and native == "UINT16":
-            return declared
-        if tensor.name() not in self._warned_dtype:
-            self._warned_dtype.add(tensor.name())
-            logger.warning("model instance '%s' returns output '%s' as %s, config declares %s",
-                           self._instance_name, tensor.name(), native, declared)
-        return native
-
-
-class _AsyncRunner:
-    """Runs coroutines of an ``async def`` model on one event loop that lives for the model's
-    lifetime (a daemon thread), so state bound to the loop survives between executes."""
-
-    def __init__(self) -> None:
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-
-    def _start(self) -> asyncio.AbstractEventLoop:
-        if self._loop is None:
-            self._loop = asyncio.new_event_loop()
-            self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
-                                            name="shoal-python-model-loop")
-            self._thread.start()
-        return self._loop
-
-    def run(self, coroutine: Coroutine[Any, Any, Any]) -> Any:
-        return asyncio.run_coroutine_threadsafe(coroutine, self._start()).result()
-
-    def submit(self, coroutine: Coroutine[Any, Any, Any],
-               done: Callable[[concurrent.futures.Future[Any]], None]) -> None:
-        """Runs ``coroutine`` in the background; ``done(future)`` when it ends."""
-        future = asyncio.run_coroutine_threadsafe(coroutine, self._start())
-        future.add_done_callback(done)
-
-    def close(self) -> None:
-        if self._loop is None:
-            return
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        if self._thread is not None:
-            self._thread.join(timeout=5.0)
-        if not self._loop.is_running():
-            self._loop.close()
-        self._loop = None
-        self._thread = None
 
 
 def _apply_thread_policy(ctx: InstanceContext) -> None:
@@ -422,60 +275,3 @@ def _initialize_args(ctx: InstanceContext) -> dict[str, str]:
         "model_version": str(ctx.model_version),
         "model_name": ctx.model_name,
     }
-
-
-def _check_returned(requests: list[InferenceRequest], returned: Any, instance: str
-                    ) -> list[InferenceResponse | None]:
-    """One InferenceResponse per request, from the returned list or the response senders, or
-    None for a request whose sender is open and unanswered (its response comes later);
-    raises TritonModelException with Triton's messages when the model broke the contract.
-    A request whose sender already sent a response keeps it when execute also returned one
-    (Triton's stub sends the first and fails on the second; the error is logged)."""
-    if returned is None:
-        returned = [None] * len(requests)
-    if not isinstance(returned, list):
-        raise pb_utils.TritonModelException(
-            f"Expected a list in the execute return, found type '{type(returned)}'.")
-    if len(returned) != len(requests):
-        raise pb_utils.TritonModelException(
-            "Number of InferenceResponse objects do not match the number of InferenceRequest "
-            f"objects. InferenceRequest(s) size is:{len(requests)}, and InferenceResponse(s) "
-            f"size is:{len(returned)}")
-    responses: list[InferenceResponse | None] = []
-    for request, item in zip(requests, returned, strict=True):
-        sent = request.sent_response
-        if request.release_rescheduled():  # answered by a later execution
-            if item is not None:
-                raise pb_utils.TritonModelException(
-                    "Expected a None object in the execute function return list for "
-                    f"reschduled request, got {type(item)}")  # sic: Triton's text, matched
-            responses.append(None)
-            continue
-        if item is None:
-            if sent is None and (request._sender is None or request._sender.closed):
-                raise pb_utils.TritonModelException(
-                    "execute returned None for a request without sending its response")
-            responses.append(sent)
-            continue
-        if not isinstance(item, InferenceResponse):
-            raise pb_utils.TritonModelException(
-                "Expected an 'InferenceResponse' object in the execute function return list, "
-                f"found type '{type(item)}'.")
-        if sent is not None:
-            logger.error("model instance '%s': a response returned from execute for a request "
-                         "that already sent one through its response sender is dropped "
-                         "(Non-decoupled model cannot send more than one response.)", instance)
-            item = sent
-        responses.append(item)
-    return responses
-
-
-def _type_name(data_type: int) -> str:
-    from tritonclient.grpc import model_config_pb2
-
-    return str(model_config_pb2.DataType.Name(data_type))
-
-
-def _json_params(text: str) -> dict[str, Any]:
-    loaded = json.loads(text) if text else {}
-    return loaded if isinstance(loaded, dict) else {}
