@@ -90,7 +90,6 @@ from shoal.workers.backends.llm.guided import guided_decoding_config
 from shoal.workers.backends.llm.interface import (
     BATCH_INDEX,
     COUNT_OUTPUTS,
-    ParsedRequest,
     TextCounts,
     batch_index_output,
     client_message,
@@ -105,6 +104,7 @@ from shoal.workers.backends.llm.logits import (
     load_logits_post_processors,
     want_token_logprobs,
 )
+from shoal.workers.backends.llm.request_forms import ParsedRequest
 from shoal.workers.backends.llm.settings import model_parameters, read_settings
 from shoal.workers.backends.llm.threads import configure_threads
 from shoal.workers.backends.llm.trtllm_parameters import ignored_warning, normalize_parameters

@@ -47,11 +47,13 @@ flag comes only once every item has finished. Non-streaming: one response holdin
 the request names it among its outputs, or when it names none, N > 1 and the model declares it
 (TensorRT-LLM sends it for N > 1 only). A batch of one answers as before. Problems raise
 INVALID_ARG naming the input.
+
+Here: the batch split, which form a request takes, the executor's messages in the client's
+names, and the response tensors; each form's inputs are read in ``request_forms.py``.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -60,19 +62,15 @@ import numpy as np
 import numpy.typing as npt
 
 from shoal.errors import ShoalError, invalid_arg
-from shoal.llm import FinishReason, OutputConfig, Request, Result, SamplingConfig
+from shoal.llm import FinishReason, Result
 from shoal.workers.backends.base import BackendRequest, OutputTensor
-from shoal.workers.backends.llm.guided import FIELD_NAMES as GUIDED_FIELD_NAMES
-from shoal.workers.backends.llm.guided import guided_params
-from shoal.workers.backends.llm.logits import FIELD_NAMES as LOGITS_FIELD_NAMES
-from shoal.workers.backends.llm.logits import apply_logits_inputs
+from shoal.workers.backends.llm.request_forms import ParsedRequest, tensor_request, text_request
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
     from shoal.workers.backends.llm.chat_template import ChatTemplate
 
-TEXT_DEFAULT_MAX_TOKENS = 16
 TEXT_INPUTS = ("text_input", "messages", "max_tokens", "stop_words", "bad_words", "top_k",
                "top_p", "stream")
 TENSOR_INPUTS = ("input_ids", "input_lengths", "request_output_len", "runtime_top_k",
@@ -80,14 +78,6 @@ TENSOR_INPUTS = ("input_ids", "input_lengths", "request_output_len", "runtime_to
                  "return_log_probs")
 PROMPT_INPUTS = ("input_ids", "text_input", "messages")  # the first present sets the batch size
 BATCH_INDEX = "batch_index"
-
-
-@dataclass(frozen=True)
-class ParsedRequest:
-    request: Request
-    text_form: bool
-    # executor field name -> the name the client used, for error messages
-    field_names: dict[str, str]
 
 
 def parse_requests(backend_request: BackendRequest, *, batching: bool,
@@ -133,7 +123,7 @@ def _parse_item(inputs: dict[str, npt.NDArray[Any]], tokenizer: Tokenizer | None
         if tokenizer is None:
             raise invalid_arg("text_input needs the checkpoint's tokenizer.json, which this "
                               "model's checkpoint lacks; send input_ids")
-        return _text_request(inputs, tokenizer, eos_token_id, exclude_input, chat_template)
+        return text_request(inputs, tokenizer, eos_token_id, exclude_input, chat_template)
     if "input_ids" not in inputs:
         raise invalid_arg("the request needs input 'input_ids' (token ids), 'text_input' or "
                           "'messages'")
@@ -141,7 +131,7 @@ def _parse_item(inputs: dict[str, npt.NDArray[Any]], tokenizer: Tokenizer | None
     if stray:
         raise invalid_arg(f"input(s) {', '.join(stray)} belong to the text form; an input_ids "
                           f"request uses request_output_len, stop_words_list, runtime_top_k, ...")
-    return _tensor_request(inputs, exclude_input)
+    return tensor_request(inputs, exclude_input)
 
 
 def split_batch(inputs: dict[str, npt.NDArray[Any]], batching: bool,
@@ -175,193 +165,6 @@ def split_batch(inputs: dict[str, npt.NDArray[Any]], batching: bool,
         raise invalid_arg("input 'input_lengths' is required when input_ids holds several rows "
                           "(one per batch item, padded to the longest)")
     return [{name: array[index] for name, array in arrays.items()} for index in range(size)]
-
-
-def _scalar(inputs: dict[str, npt.NDArray[Any]], name: str) -> Any:
-    array = inputs.get(name)
-    if array is None:
-        return None
-    if array.size != 1:
-        raise invalid_arg(f"input '{name}' must hold one value, got shape {list(array.shape)}")
-    return array.reshape(-1)[0].item()
-
-
-def _int(inputs: dict[str, npt.NDArray[Any]], name: str) -> int | None:
-    value = _scalar(inputs, name)
-    return None if value is None else int(value)
-
-
-def _float(inputs: dict[str, npt.NDArray[Any]], name: str) -> float | None:
-    value = _scalar(inputs, name)
-    if value is None:
-        return None
-    number = float(value)
-    if not math.isfinite(number):
-        raise invalid_arg(f"input '{name}' must be finite, got {number}")
-    return number
-
-
-def _end_id(inputs: dict[str, npt.NDArray[Any]], default: int | None) -> int | None:
-    """``end_id``: absent -> ``default``; -1 -> none (the sequence runs to its length)."""
-    value = _int(inputs, "end_id")
-    if value is None:
-        return default
-    return None if value == -1 else value
-
-
-def _seed(inputs: dict[str, npt.NDArray[Any]]) -> int | None:
-    """``random_seed``, else ``seed`` (the name of TensorRT-LLM's stock config)."""
-    seed = _int(inputs, "random_seed")
-    return _int(inputs, "seed") if seed is None else seed
-
-
-def _seed_name(inputs: dict[str, npt.NDArray[Any]]) -> str:
-    """The input ``_seed`` read, for the executor's messages about it."""
-    return "seed" if "seed" in inputs and "random_seed" not in inputs else "random_seed"
-
-
-def _top_k(value: int | None, name: str) -> int | None:
-    if value is not None and value < 0:
-        raise invalid_arg(f"input '{name}' must be >= 0, got {value}")
-    return value
-
-
-def _tensor_request(inputs: dict[str, npt.NDArray[Any]], exclude_input: bool) -> ParsedRequest:
-    ids = [int(t) for t in inputs["input_ids"].reshape(-1)]
-    length = _int(inputs, "input_lengths")
-    if length is not None:
-        if not 0 <= length <= len(ids):
-            raise invalid_arg(f"input 'input_lengths' = {length} is outside 0..{len(ids)} "
-                              f"(the length of input_ids)")
-        ids = ids[:length]
-    max_tokens = _int(inputs, "request_output_len")
-    if max_tokens is None:
-        raise invalid_arg("the request needs input 'request_output_len'")
-    request = Request(
-        ids, max_tokens,
-        streaming=bool(_scalar(inputs, "streaming") or False),
-        sampling_config=SamplingConfig(
-            _int(inputs, "beam_width") or 1,
-            temperature=_float(inputs, "temperature"),
-            top_k=_top_k(_int(inputs, "runtime_top_k"), "runtime_top_k"),
-            top_p=_float(inputs, "runtime_top_p"), seed=_seed(inputs)),
-        output_config=OutputConfig(
-            return_log_probs=bool(_scalar(inputs, "return_log_probs") or False),
-            exclude_input_from_output=exclude_input),
-        end_id=_end_id(inputs, None), pad_id=_int(inputs, "pad_id"),
-        stop_words=_word_list(inputs, "stop_words_list"),
-        bad_words=_word_list(inputs, "bad_words_list"),
-        guided_decoding_params=guided_params(inputs))
-    apply_logits_inputs(request, inputs)
-    names = {"input_token_ids": "input_ids", "input length": "input_ids length",
-             "max_tokens": "request_output_len",
-             "stop_words": "stop_words_list", "bad_words": "bad_words_list",
-             "sampling_config.top_k": "runtime_top_k", "sampling_config.top_p": "runtime_top_p",
-             "sampling_config.seed": _seed_name(inputs)} | GUIDED_FIELD_NAMES | LOGITS_FIELD_NAMES
-    return ParsedRequest(request, False, names)
-
-
-def _word_list(inputs: dict[str, npt.NDArray[Any]], name: str) -> list[list[int]] | None:
-    array = inputs.get(name)
-    if array is None:
-        return None
-    if array.ndim != 2 or array.shape[0] != 2:
-        raise invalid_arg(f"input '{name}' must have shape [2, N] (token ids, then word end "
-                          f"offsets padded with -1), got {list(array.shape)}")
-    ids = [int(t) for t in array[0]]
-    words: list[list[int]] = []
-    start = 0
-    for end in (int(o) for o in array[1]):
-        if end < 0:
-            break
-        if not start < end <= len(ids):
-            raise invalid_arg(f"input '{name}': word end offset {end} is not after {start} "
-                              f"and within the {len(ids)} token ids")
-        words.append(ids[start:end])
-        start = end
-    return words or None
-
-
-def _one_text(inputs: dict[str, npt.NDArray[Any]], name: str) -> str:
-    texts = _text(inputs[name], name)
-    if len(texts) != 1:
-        raise invalid_arg(f"input '{name}' must hold one string, got {len(texts)}")
-    if not texts[0]:
-        raise invalid_arg(f"input '{name}' must not be empty")
-    return texts[0]
-
-
-def _prompt_ids(inputs: dict[str, npt.NDArray[Any]], tokenizer: Tokenizer,
-                chat_template: ChatTemplate | None) -> list[int]:
-    """The prompt's token ids: ``text_input`` encoded as is, or ``messages`` through the chat
-    template (encoded without added special tokens, as ``apply_chat_template`` does)."""
-    if "messages" not in inputs:
-        ids: list[int] = tokenizer.encode(_one_text(inputs, "text_input")).ids
-        return ids
-    if "text_input" in inputs:
-        raise invalid_arg("send either input 'text_input' or 'messages', not both")
-    from shoal.workers.backends.llm.chat_template import parse_messages
-
-    messages = parse_messages(_one_text(inputs, "messages"))
-    if chat_template is None:
-        raise invalid_arg("input 'messages' needs a chat template, and this model's checkpoint "
-                          "has none (tokenizer_config.json 'chat_template' or "
-                          "chat_template.jinja); send text_input")
-    chat_ids: list[int] = tokenizer.encode(chat_template.render(messages),
-                                           add_special_tokens=False).ids
-    return chat_ids
-
-
-def _text_request(inputs: dict[str, npt.NDArray[Any]], tokenizer: Tokenizer,
-                  eos_token_id: int | None, exclude_input: bool,
-                  chat_template: ChatTemplate | None) -> ParsedRequest:
-    ids = _prompt_ids(inputs, tokenizer, chat_template)
-    max_tokens = _int(inputs, "max_tokens")
-    request = Request(
-        ids, TEXT_DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
-        streaming=bool(_scalar(inputs, "stream") or False),
-        sampling_config=SamplingConfig(
-            _int(inputs, "beam_width") or 1,
-            temperature=_float(inputs, "temperature"),
-            top_k=_top_k(_int(inputs, "top_k"), "top_k"),
-            top_p=_float(inputs, "top_p"), seed=_seed(inputs)),
-        output_config=OutputConfig(exclude_input_from_output=exclude_input),
-        end_id=_end_id(inputs, eos_token_id), pad_id=_int(inputs, "pad_id"),
-        stop_words=_text_words(inputs, "stop_words", tokenizer),
-        bad_words=_text_words(inputs, "bad_words", tokenizer),
-        guided_decoding_params=guided_params(inputs))
-    apply_logits_inputs(request, inputs)
-    prompt_name = "messages" if "messages" in inputs else "text_input"
-    names = {"input_token_ids": prompt_name, "input length": f"{prompt_name} length (tokens)",
-             "sampling_config.top_k": "top_k",
-             "sampling_config.top_p": "top_p", "sampling_config.seed": _seed_name(inputs),
-             } | GUIDED_FIELD_NAMES | LOGITS_FIELD_NAMES
-    return ParsedRequest(request, True, names)
-
-
-def _text(array: npt.NDArray[Any], name: str) -> list[str]:
-    texts: list[str] = []
-    for item in array.reshape(-1):
-        raw = item if isinstance(item, bytes) else str(item).encode()
-        try:
-            texts.append(raw.decode("utf-8"))
-        except UnicodeDecodeError:
-            raise invalid_arg(f"input '{name}' is not valid UTF-8") from None
-    return texts
-
-
-def _text_words(inputs: dict[str, npt.NDArray[Any]], name: str,
-                tokenizer: Tokenizer) -> list[list[int]] | None:
-    array = inputs.get(name)
-    if array is None:
-        return None
-    words: list[list[int]] = []
-    for index, text in enumerate(_text(array, name)):
-        ids: list[int] = tokenizer.encode(text, add_special_tokens=False).ids
-        if not ids:
-            raise invalid_arg(f"input '{name}'[{index}] must not be empty")
-        words.append(ids)
-    return words or None
 
 
 def client_message(message: str, field_names: dict[str, str]) -> str:
