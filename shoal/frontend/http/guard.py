@@ -54,8 +54,9 @@ from uvicorn.protocols.http.httptools_impl import (
 from uvicorn.server import ServerState
 
 from shoal.frontend.http.compression import size_limit_error
+from shoal.frontend.http.connection import request_parser
 from shoal.frontend.http.errors import error_body
-from shoal.frontend.http.lean import LeanInfer, LeanInferCycle, request_parser
+from shoal.frontend.http.lean import LeanInfer, LeanInferCycle
 from shoal.frontend.limits import RateLimitedWarning
 
 logger = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ graceful shutdown and disconnect handling drive it unchanged. Per request it the
    ``Content-Encoding``), into one arena slot, padded so the binary part starts 64-byte
    aligned: its binary inputs are then referenced in place, with no further copy
    (``infer_common.BodySlot``). The body bytes that came with the headers are copied in; for the
-   rest the transport reads straight into the slot (``_BodyReader``, an
+   rest the transport reads straight into the slot (``body_reader.BodyReader``, an
    ``asyncio.BufferedProtocol`` that stands in for the connection's protocol until the body is
    in: no ``bytes`` object and no user-space copy per read);
 3. runs ``InferHandler.answer`` (the same decode, validation and encoding as the Starlette
@@ -26,7 +26,11 @@ graceful shutdown and disconnect handling drive it unchanged. Per request it the
 4. writes the answer with a pre-encoded header block (status line and uvicorn's default
    headers, rebuilt only when uvicorn's date header changes). A large answer to a request whose
    body came in a slot is written from the worker's output memory (``writelines``, no join); its
-   lease is released once the transport's buffer has drained.
+   lease is released once the transport's buffer has drained. The writing is the cycle's base
+   class, ``answer_writer.AnswerWriter``.
+
+What the cycle uses of its connection is ``connection.GuardedConnection``; the parser of every
+connection is ``connection.request_parser``.
 
 Errors are the route's: ShoalError → its status and ``{"error"}``, anything else → a logged 500.
 """
@@ -37,21 +41,23 @@ import asyncio
 import logging
 import urllib.parse
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import TYPE_CHECKING, Final
 
 import httptools
-from starlette.responses import Response
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 
 from shoal.errors import ShoalError
 from shoal.frontend.core.prepare import IN_PLACE_ALIGNMENT, BodySlot
 from shoal.frontend.http import compression
-from shoal.frontend.http.errors import internal_error_response, shoal_error_response
-from shoal.frontend.http.infer import HEADER_LENGTH, INFER_PATH, InferHandler, InferReply
+from shoal.frontend.http.answer_writer import AnswerWriter, head_block
+from shoal.frontend.http.body_reader import BodyReader
+from shoal.frontend.http.connection import request_parser as _request_parser
+from shoal.frontend.http.errors import internal_error_response
+from shoal.frontend.http.infer import HEADER_LENGTH, INFER_PATH, InferHandler
 from shoal.trace.record import HTTP_RECV_END, HTTP_RECV_START, HTTP_SEND_END, HTTP_SEND_START
 
 if TYPE_CHECKING:
     from shoal.frontend.core.dataplane import DataPlane
+    from shoal.frontend.http.connection import GuardedConnection
     from shoal.frontend.http.restricted import HttpGate
     from shoal.trace.record import RequestTrace
     from shoal.trace.sampling import Tracer
@@ -59,11 +65,13 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 BODY_SLOT_MIN_BYTES: Final = 1 << 20  # smaller bodies are read into memory and copied once
-SCRATCH_BYTES: Final = 1 << 16  # reads of a body dropped after its slot went (see _BodyReader)
-DRAIN_POLL_S: Final = 0.001
 CONTINUE: Final = b"HTTP/1.1 100 Continue\r\n\r\n"
-_HEADER_LENGTH_BYTES: Final = HEADER_LENGTH.encode()
 ROUTE_CACHE_SIZE: Final = 256  # URLs whose ``infer_route`` a LeanInfer remembers
+
+# docs/architecture.md names these ``lean._BodyReader`` and ``lean.request_parser``: kept under
+# those names until the page names the modules they moved to (body_reader.py, connection.py)
+_BodyReader = BodyReader
+request_parser = _request_parser
 
 
 def infer_route(method: bytes, url: bytes) -> tuple[str, str | None] | None:
@@ -143,57 +151,6 @@ class LeanInfer:
         return cycle
 
 
-class GuardedConnection(Protocol):
-    """What the lean path uses of its connection's protocol, ``guard.GuardedHttpProtocol``
-    (uvicorn's ``HttpToolsProtocol`` with the guard's body accounting): named here so this
-    module needs no import of guard.py, which imports it. uvicorn's own types are ``Any``."""
-
-    parser: httptools.HttpRequestParser
-    url: bytes
-    cycle: Any
-    flow: Any
-    pipeline: Any
-    loop: asyncio.AbstractEventLoop
-    transport: Any
-    server_state: Any
-    headers: list[tuple[bytes, bytes]]
-    expect_100_continue: bool
-    access_log: bool
-    access_logger: logging.Logger
-    client: Any
-    _body_bytes: int
-    _deadline: float
-    _body_timeout_s: float
-
-    def _start_asgi_task(self, cycle: Any, app: Any) -> None: ...
-    def _unset_keepalive_if_required(self) -> None: ...
-    def on_message_complete(self) -> None: ...
-    def on_response_complete(self) -> None: ...
-    def eof_received(self) -> None: ...
-    def connection_lost(self, exc: Exception | None) -> None: ...
-    def pause_writing(self) -> None: ...
-    def resume_writing(self) -> None: ...
-
-
-def request_parser(protocol: object) -> httptools.HttpRequestParser:
-    """A parser for the requests of one connection, with the leniencies every parser of ours
-    has: uvicorn's ``data_after_close`` (answer the first of pipelined requests after a
-    ``Connection: close``), and ``chunked_length``: a request with both ``Transfer-Encoding:
-    chunked`` and ``Content-Length`` is framed by the chunked coding alone, the Content-Length
-    ignored (RFC 9112 §6.3), as Triton takes such requests. The guard checks the coding of
-    such a request and closes its connection after the answer (``guard.py``)."""
-    parser = httptools.HttpRequestParser(protocol)
-    parser.set_dangerous_leniencies(lenient_data_after_close=True, lenient_chunked_length=True)
-    return parser
-
-
-def head_block(status: int, defaults: list[tuple[bytes, bytes]]) -> bytes:
-    parts = [STATUS_LINE[status]]
-    for name, value in defaults:
-        parts += [name, b": ", value, b"\r\n"]
-    return b"".join(parts)
-
-
 class _Wakeup:
     """The ``message_event`` uvicorn sets on a disconnect: here a call into the cycle."""
 
@@ -203,65 +160,10 @@ class _Wakeup:
         self.set = callback
 
 
-class _BodyReader(asyncio.BufferedProtocol):
-    """Stands in for the connection's protocol while the rest of a slot-bound body is read: the
-    transport reads into the slot itself (``get_buffer`` never offers more than the body bytes
-    still ``owed``, so a read never takes a byte past the body). Each read counts as body
-    progress for the guard's body timeout. Once the body is in, the connection's protocol is put
-    back with a fresh parser (the old one still waits for the body it never saw) and told the
-    message is complete, as its parser would have. If the slot goes first while the connection
-    lives on (the request was answered early, e.g. refused by the restricted-API gate), the rest
-    of the body is read into a scratch buffer and dropped, so the next request on the connection
-    is framed right. Connection events go on to the connection's protocol."""
-
-    def __init__(self, cycle: LeanInferCycle, owed: int) -> None:
-        self.cycle = cycle
-        self.protocol = cycle.protocol
-        self.owed = owed  # body bytes not yet read (by the parser, then by this reader)
-        self.scratch: memoryview | None = None  # set once the rest is dropped
-
-    def get_buffer(self, sizehint: int) -> memoryview:
-        if self.scratch is not None:
-            return self.scratch[:self.owed]
-        cycle = self.cycle
-        slot = cycle._body_slot
-        assert slot is not None  # the reader drops the rest once the slot is gone
-        start = slot.start + cycle._size
-        return slot.slot.view[start:start + self.owed]
-
-    def drop_the_rest(self) -> None:
-        self.scratch = memoryview(bytearray(min(self.owed, SCRATCH_BYTES)))
-
-    def buffer_updated(self, nbytes: int) -> None:
-        protocol = self.protocol
-        self.owed -= nbytes
-        if self.scratch is None:
-            self.cycle._size += nbytes
-        protocol._body_bytes += nbytes
-        protocol._deadline = protocol.loop.time() + protocol._body_timeout_s  # progress
-        # as the protocol's own reads do: bytes still coming after an early answer are not
-        # an idle keep-alive connection
-        protocol._unset_keepalive_if_required()
-        if self.owed <= 0:
-            self.cycle._detach_reader()
-            protocol.parser = request_parser(protocol)
-            protocol.on_message_complete()
-
-    def eof_received(self) -> None:
-        self.protocol.eof_received()  # None: the transport closes (a body cut short)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.protocol.connection_lost(exc)
-
-    def pause_writing(self) -> None:
-        self.protocol.pause_writing()
-
-    def resume_writing(self) -> None:
-        self.protocol.resume_writing()
-
-
-class LeanInferCycle:
+class LeanInferCycle(AnswerWriter):
     """One infer request on one connection (see the module doc). Runs on the event loop."""
+
+    lean: LeanInfer
 
     def __init__(self, lean: LeanInfer, protocol: GuardedConnection, model: str,
                  version: str | None, http_version: str, keep_alive: bool) -> None:
@@ -286,11 +188,11 @@ class LeanInferCycle:
         self._task: asyncio.Task[None] | None = None
         self._answering = False  # the request is with the DataPlane: a disconnect cancels it
         self._body_slot: BodySlot | None = self._body_slot_for(protocol)
-        self._reader: _BodyReader | None = None
+        self._reader: BodyReader | None = None
         if self._body_slot is not None:
             # from the next read on (the parser is still taking this one apart)
             owed = self._body_slot.slot.nbytes - self._body_slot.start
-            self._reader = _BodyReader(self, owed)
+            self._reader = BodyReader(self, owed)
             protocol.transport.set_protocol(self._reader)
 
     def _detach_reader(self) -> None:
@@ -452,74 +354,3 @@ class LeanInferCycle:
         slot, self._body_slot = self._body_slot, None
         if slot is not None:
             self.lean.dataplane.free(slot.slot)
-
-    # ------------------------------------------------------------------ writing
-
-    async def _send_reply(self, reply: InferReply) -> None:
-        headers = reply.headers
-        length = sum(len(part) for part in reply.parts)
-        head = [self.lean.ok_head(self.protocol.server_state.default_headers),
-                b"content-type: ", headers["Content-Type"].encode(), b"\r\n"]
-        header_length = headers.get("Inference-Header-Content-Length")
-        if header_length is not None:
-            head += [_HEADER_LENGTH_BYTES, b": ", header_length.encode(), b"\r\n"]
-        content_encoding = headers.get("Content-Encoding")
-        if content_encoding is not None:
-            head += [b"content-encoding: ", content_encoding.encode(), b"\r\n"]
-        head += [b"content-length: ", str(length).encode(), b"\r\n"]
-        await self._write(200, head, reply.parts, reply.holds_output_memory)
-
-    async def _send_error(self, error: ShoalError) -> None:
-        await self._send_response(shoal_error_response(error))
-
-    async def _send_response(self, response: Response) -> None:
-        """A Starlette response (errors, refusals): its status, headers and body as they are."""
-        head = [head_block(response.status_code, self.protocol.server_state.default_headers)]
-        for name, value in response.raw_headers:
-            head += [name, b": ", value, b"\r\n"]
-        await self._write(response.status_code, head, [bytes(response.body)], False)
-
-    async def _write(self, status: int, head: list[bytes], parts: list[bytes | memoryview],
-                     borrowed: bool) -> None:
-        """Write one answer and end the exchange. ``borrowed``: ``parts`` are views of memory
-        that must outlive the write, so this waits for the transport's buffer to drain."""
-        protocol = self.protocol
-        flow = protocol.flow
-        if flow.write_paused and not self.disconnected:
-            await flow.drain()
-        if self.disconnected:
-            return
-        self.response_started = True
-        self.waiting_for_100_continue = False
-        if not self.keep_alive:
-            head.append(b"connection: close\r\n")
-        head.append(b"\r\n")
-        if protocol.access_log:
-            protocol.access_logger.info('%s - "%s %s HTTP/%s" %d', _client(protocol), "POST",
-                                        protocol.url.decode("latin-1"), self.http_version,
-                                        status)
-        transport = protocol.transport
-        if len(parts) == 1 and len(parts[0]) < 65536:
-            transport.write(b"".join([*head, parts[0]]))
-        else:
-            transport.writelines([b"".join(head), *parts])
-        if borrowed and transport.get_write_buffer_size() > 0:
-            transport.set_write_buffer_limits(high=0, low=0)  # resume only once empty
-            try:
-                while transport.get_write_buffer_size() > 0 and not self.disconnected:
-                    if flow.write_paused:
-                        await flow.drain()
-                    else:  # a transport that did not pause: look again shortly
-                        await asyncio.sleep(DRAIN_POLL_S)
-            finally:
-                if not transport.is_closing():
-                    transport.set_write_buffer_limits()
-        self.response_complete = True
-        if not self.keep_alive:
-            transport.close()
-        protocol.on_response_complete()
-
-
-def _client(protocol: GuardedConnection) -> str:
-    client = protocol.client
-    return f"{client[0]}:{client[1]}" if client else "-"
