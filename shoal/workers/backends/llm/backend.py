@@ -17,10 +17,7 @@ request of a batch is enqueued on its own, and ``default_queue_policy.max_queue_
 also bounds the executor's queue of requests waiting to be admitted
 (``ExecutorConfig.max_queue_size``). ``sequence_batching`` is refused.
 
-Parameters: ``trtllm_parameters.normalize_parameters`` first (TensorRT-LLM's parameters that
-change nothing here are dropped and named in ONE warning per instance; unfilled ``${...}``
-placeholders are unset; ``gpt_model_path`` is the checkpoint), then ``settings`` and the other
-readers.
+Parameters and the executor they configure: ``executor_setup.py``.
 
 Not decoupled (``model_transaction_policy { decoupled: false }``): each request gets exactly one
 response, as from TensorRT-LLM's backend in that mode: streaming is refused ("Streaming is only
@@ -40,15 +37,14 @@ blocks at the start of the executor's next iteration; the request then ends with
 response. (While any request is open the executor iterates, so the flags are read every
 iteration.)
 
-Batches (``interface.py``): a request of N items becomes N executor requests, enqueued together
-(``Executor.enqueue_requests``) after every item passed ``check_request``; they share one
-``_Batch``, which counts the items still running. Streaming: each executor response goes out at
-once as that item's response (plus ``batch_index``), and only the last item's final result
-carries the final flag. Non-streaming: each item's final outputs wait in the ``_Batch`` until
-the last item ends; then one response stacks them all. Cancellation reaches every item (they
-share the worker's request id). An item that fails (an executor error or a response that cannot
-be built) sends its error at once and cancels the other items; the request then ends when the
-last of them has.
+Batches (``interface.py``; the open batch and its items: ``open_requests.py``; their
+responses: ``answers.py``): a request of N items becomes N executor requests, enqueued together
+(``Executor.enqueue_requests``) after every item passed ``check_request``. Streaming: each
+executor response goes out at once as that item's response, and only the last item's final
+result carries the final flag. Non-streaming: when the last item ends, one response stacks
+them all. Cancellation reaches every item (they share the worker's request id). An item that
+fails (an executor error or a response that cannot be built) sends its error at once and
+cancels the other items; the request then ends when the last of them has.
 
 Executor figures (requests, KV blocks, token counters, time to first token and between tokens)
 are kept by ``figures.LlmFigures`` and read by the worker's heartbeat through ``llm_stats``;
@@ -62,18 +58,15 @@ and registration so a response never arrives for an unknown request).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 from shoal.config.model_config import is_decoupled
 from shoal.errors import ErrorCode, ShoalError, invalid_arg
-from shoal.llm import Executor, FinishReason, Response, Result
-from shoal.llm.checkpoint import read_model_spec
+from shoal.llm import Executor, Response
 from shoal.messages import Error, LlmStats
 from shoal.workers.backends.base import (
     BackendRequest,
@@ -83,31 +76,18 @@ from shoal.workers.backends.base import (
     OutputTensor,
     ResponseSink,
 )
+from shoal.workers.backends.llm.answers import item_outputs, item_response, stacked_response
 from shoal.workers.backends.llm.chat_template import ChatTemplate, load_chat_template
-from shoal.workers.backends.llm.detokenize import IncrementalDetokenizer
-from shoal.workers.backends.llm.figures import LlmFigures, RequestClock
-from shoal.workers.backends.llm.guided import guided_decoding_config
-from shoal.workers.backends.llm.interface import (
-    BATCH_INDEX,
-    COUNT_OUTPUTS,
-    TextCounts,
-    batch_index_output,
-    client_message,
-    parse_requests,
-    stack_items,
-    tensor_outputs,
-    text_output,
-    with_batch_dimension,
+from shoal.workers.backends.llm.executor_setup import create_executor
+from shoal.workers.backends.llm.figures import LlmFigures
+from shoal.workers.backends.llm.interface import BATCH_INDEX, parse_requests
+from shoal.workers.backends.llm.logits import TokenLogprobs
+from shoal.workers.backends.llm.open_requests import (
+    OpenRequest,
+    open_batch,
+    open_item,
+    refusal_not_decoupled,
 )
-from shoal.workers.backends.llm.logits import (
-    TokenLogprobs,
-    load_logits_post_processors,
-    want_token_logprobs,
-)
-from shoal.workers.backends.llm.request_forms import ParsedRequest
-from shoal.workers.backends.llm.settings import model_parameters, read_settings
-from shoal.workers.backends.llm.threads import configure_threads
-from shoal.workers.backends.llm.trtllm_parameters import ignored_warning, normalize_parameters
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -116,36 +96,6 @@ logger = logging.getLogger(__name__)
 
 # not decoupled: how often execute, waiting for the answers, checks the executor's loop lives
 LIVENESS_CHECK_S: Final = 1.0
-
-
-
-@dataclass
-class _Batch:
-    """The executor requests of one client request, one per batch item."""
-
-    size: int
-    streaming: bool
-    batch_index: bool  # responses carry batch_index
-    pending: int  # items whose final result has not arrived yet
-    pad_ids: list[int]
-    held: list[list[OutputTensor] | None]  # non-streaming, N > 1: each finished item's outputs
-    clocks: list[RequestClock | None]  # non-streaming, N > 1: counted when the answer leaves
-    failed: bool = False  # an item failed: its error was sent, the others were cancelled
-
-
-@dataclass
-class _OpenRequest:
-    worker_id: int  # the worker's request id (send_response / is_cancelled)
-    parsed: ParsedRequest
-    batch: _Batch
-    index: int = 0  # the item's place in its batch
-    executor_id: int = 0
-    detokenizer: IncrementalDetokenizer | None = None
-    cancelled: bool = False
-    counted_outputs: tuple[str, ...] = ()  # of COUNT_OUTPUTS, those the client asked for
-    generated: int = 0  # tokens generated so far (beam 0), for completion_tokens
-    clock: RequestClock | None = None  # metrics: its timeline and tokens (figures.py)
-    logprobs: TokenLogprobs | None = None  # set when the client asked for token_logprobs
 
 
 class LlmBackend:
@@ -161,7 +111,7 @@ class LlmBackend:
         self._send: ResponseSink | None = None
         self._is_cancelled: CancelProbe | None = None
         self._lock = threading.Lock()
-        self._open: dict[int, _OpenRequest] = {}  # executor request id -> open request
+        self._open: dict[int, OpenRequest] = {}  # executor request id -> open request
         self._figures: LlmFigures | None = None
         self._token_logprobs: TokenLogprobs | None = None
         self._stream_batch: Callable[[], AbstractContextManager[None]] = nullcontext
@@ -180,25 +130,7 @@ class LlmBackend:
                               "requests in flight")
         if ctx.send_response is None or ctx.is_cancelled is None:
             raise invalid_arg("llm backend: the worker gave no response sink")
-        parameters = normalize_parameters(model_parameters(config),
-                                          accelerator=ctx.device.startswith("cuda"))
-        if parameters.ignored:
-            logger.warning("%s", ignored_warning(ctx.model_name, parameters.ignored))
-        if parameters.unset:
-            logger.info("model '%s': llm backend: parameter(s) left as ${...} placeholders are "
-                        "not set: %s", ctx.model_name, ", ".join(parameters.unset))
-        values = parameters.values
-        settings = read_settings(values, ctx.model_dir, ctx.device, ctx.backend_settings)
-        configure_threads(values, ctx.backend_settings, config, ctx.device,
-                          ctx.default_intra_op_threads)
-        guided = guided_decoding_config(values, settings.checkpoint_dir,
-                                        read_model_spec(settings.checkpoint_dir).eos_token_id)
-        processors = load_logits_post_processors(values, ctx.model_dir)
-        queue_limit = (int(config.dynamic_batching.default_queue_policy.max_queue_size)
-                       if config.HasField("dynamic_batching") else 0)
-        executor = Executor(settings.checkpoint_dir, dataclasses.replace(
-            settings.executor_config, guided_decoding_config=guided,
-            logits_post_processor_config=processors, max_queue_size=queue_limit))
+        executor, settings = create_executor(ctx)
         self._executor = executor
         if executor.tokenizer is not None:
             self._token_logprobs = TokenLogprobs(executor.tokenizer)
@@ -289,44 +221,18 @@ class LlmBackend:
                                    max_batch_size=self._max_batch_size)
         except ShoalError as exc:
             return Error(exc.code, exc.message)
-        several = len(items) > 1
-        if not self._decoupled:  # TensorRT-LLM's rules (and messages) for this mode
-            if several:
-                return Error(ErrorCode.INVALID_ARG, "Batch size > 1 requires the tensorrt_llm "
-                             "backend to be using decoupled transaction policy")
-            if items[0].request.streaming:
-                return Error(ErrorCode.INVALID_ARG, "Streaming is only supported if model is "
-                             "deployed using decoupled mode.")
-        counted = tuple(name for name in COUNT_OUTPUTS if name in request.requested_outputs)
-        batch = _Batch(len(items), items[0].request.streaming,
-                       BATCH_INDEX in request.requested_outputs or (
-                           not request.requested_outputs and several
-                           and self._declares_batch_index),
-                       len(items), [_pad(p, self._eos) for p in items], [None] * len(items),
-                       [None] * len(items))
-        opened: list[_OpenRequest] = []
+        refusal = None if self._decoupled else refusal_not_decoupled(items)
+        if refusal is not None:
+            return refusal
+        batch = open_batch(items, request.requested_outputs,
+                           declares_batch_index=self._declares_batch_index, eos=self._eos)
+        opened: list[OpenRequest] = []
         for index, parsed in enumerate(items):
-            prefix = f"batch item {index}: " if several else ""
-            if parsed.text_form and parsed.request.streaming and \
-                    parsed.request.sampling_config.beam_width > 1:
-                return Error(ErrorCode.INVALID_ARG, f"{prefix}input 'beam_width' > 1 cannot "
-                             f"stream text (beams change as the search goes); set stream false")
-            wants_logprobs = parsed.text_form and want_token_logprobs(parsed.request,
-                                                                      request.requested_outputs)
-            problem = executor.check_request(parsed.request)  # compiles a guided grammar
-            if problem is not None:
-                return Error(ErrorCode.INVALID_ARG,
-                             prefix + client_message(problem, parsed.field_names))
-            open_request = _OpenRequest(request.request_id, parsed, batch, index,
-                                        counted_outputs=counted)
-            if wants_logprobs:
-                open_request.logprobs = self._token_logprobs
-            if parsed.text_form and parsed.request.streaming:
-                assert self._tokenizer is not None
-                open_request.detokenizer = IncrementalDetokenizer(
-                    self._tokenizer, parsed.request.input_token_ids)
-            parsed.request.client_id = request.request_id
-            opened.append(open_request)
+            item = open_item(request, parsed, batch, index, executor=executor,
+                             tokenizer=self._tokenizer, token_logprobs=self._token_logprobs)
+            if isinstance(item, Error):
+                return item
+            opened.append(item)
         with self._lock:
             try:
                 executor_ids = executor.enqueue_requests([o.parsed.request for o in opened])
@@ -380,7 +286,9 @@ class LlmBackend:
             if open_request.clock is not None:
                 open_request.clock.produce(open_request.parsed.request, result)
             try:
-                outputs = self._answer(open_request, result, item_final)
+                outputs = item_outputs(open_request, result, item_final,
+                                       exclude_input=self._exclude_input,
+                                       tokenizer=self._tokenizer)
             except Exception as exc:  # fail this request only; the executor stops it
                 logger.exception("llm backend: cannot build a response")
                 self._fail(open_request, Error(ErrorCode.INTERNAL,
@@ -394,23 +302,18 @@ class LlmBackend:
             if final:
                 self._send_stacked(open_request)
 
-    def _send_item(self, open_request: _OpenRequest, outputs: list[OutputTensor] | None,
+    def _send_item(self, open_request: OpenRequest, outputs: list[OutputTensor] | None,
                    item_final: bool, final: bool) -> None:
         """One item's outputs as a response of its own (a batch dimension of 1, and
         ``batch_index`` when the batch sends it); ``outputs`` None: a held-back text piece or a
         cancelled item, which only closes the request when it is the last."""
-        answer: BackendResponse | None = None
-        if outputs is not None:
-            tensors = with_batch_dimension(outputs, self._batching)
-            if open_request.batch.batch_index:
-                tensors.append(batch_index_output([open_request.index],
-                                                  batching=self._batching))
-            answer = BackendResponse(tensors)
+        answer = None if outputs is None else item_response(open_request, outputs,
+                                                             batching=self._batching)
         self._count_sent(open_request, answer, item_final)
         if answer is not None or final:
             self._send_quietly(open_request.worker_id, answer, final)
 
-    def _send_stacked(self, last: _OpenRequest) -> None:
+    def _send_stacked(self, last: OpenRequest) -> None:
         """The final response of a non-streaming batch: every item's outputs stacked, or only
         the final flag when an item failed or was cancelled."""
         batch = last.batch
@@ -418,10 +321,7 @@ class LlmBackend:
         items = [outputs for outputs in batch.held if outputs is not None]
         if not batch.failed and len(items) == batch.size:
             try:
-                tensors = stack_items(items, batch.pad_ids)
-                if batch.batch_index:
-                    tensors.append(batch_index_output(range(batch.size), batching=True))
-                answer = BackendResponse(tensors)
+                answer = stacked_response(batch, items)
             except Exception as exc:
                 logger.exception("llm backend: cannot build a response")
                 answer = Error(ErrorCode.INTERNAL, f"cannot build the response: {exc}")
@@ -433,7 +333,7 @@ class LlmBackend:
                     self._figures.finished(clock)
         self._send_quietly(last.worker_id, answer, True)
 
-    def _fail(self, open_request: _OpenRequest, error: Error, final: bool) -> None:
+    def _fail(self, open_request: OpenRequest, error: Error, final: bool) -> None:
         """An item failed (its final result, or a response that cannot be built): send
         ``error``, once per request, and cancel the batch's other items (and this one when it
         still runs); their remaining responses only close the request."""
@@ -458,7 +358,7 @@ class LlmBackend:
                 executor.cancel_request(executor_id)
         self._send_quietly(open_request.worker_id, error, final)
 
-    def _count_sent(self, open_request: _OpenRequest, answer: BackendResponse | Error | None,
+    def _count_sent(self, open_request: OpenRequest, answer: BackendResponse | Error | None,
                     final: bool) -> None:
         """Metrics: the response leaves now (its tokens, and the request's end when final)."""
         figures, clock = self._figures, open_request.clock
@@ -481,44 +381,6 @@ class LlmBackend:
         except ShoalError as exc:  # the request was already closed (e.g. warmup timed out)
             logger.debug("llm backend: response dropped: %s", exc.message)
 
-    def _answer(self, open_request: _OpenRequest, result: Result,
-                final: bool) -> list[OutputTensor] | None:
-        """The item's outputs for ``result`` (no batch dimension); None when a streamed text
-        piece is held back."""
-        parsed = open_request.parsed
-        if not parsed.text_form:
-            return tensor_outputs(result, batching=False,
-                                  pad_id=open_request.batch.pad_ids[open_request.index])
-        beams = result.output_token_ids
-        tokens = beams[0] if beams else []
-        request = parsed.request
-        if request.streaming:
-            open_request.generated += len(tokens)
-        else:  # the whole sequence, after the prompt unless that is excluded
-            open_request.generated = len(tokens) - (
-                0 if self._exclude_input else len(request.input_token_ids))
-        if open_request.detokenizer is not None:
-            text = open_request.detokenizer.push(tokens)
-            if final:
-                text += open_request.detokenizer.flush()
-            if not text and not final and open_request.logprobs is None:
-                return None
-        else:
-            assert self._tokenizer is not None
-            text = self._tokenizer.decode(tokens, skip_special_tokens=True)
-        if not open_request.counted_outputs:
-            outputs = text_output(text, batching=False)
-        else:
-            reason = (result.finish_reasons[0] if final and result.finish_reasons
-                      else FinishReason.NOT_FINISHED)
-            counts = TextCounts(len(request.input_token_ids),
-                                open_request.generated + (reason is FinishReason.END_ID), reason)
-            outputs = text_output(text, batching=False, counts=counts,
-                                  requested=open_request.counted_outputs)
-        if open_request.logprobs is not None:
-            outputs.append(open_request.logprobs.output(result, batching=False))
-        return outputs
-
     def _forward_cancels(self, executor: Executor) -> None:
         assert self._is_cancelled is not None
         for executor_id, open_request in self._open.items():
@@ -526,10 +388,3 @@ class LlmBackend:
                 open_request.cancelled = True
                 executor.cancel_request(executor_id)
 
-
-def _pad(parsed: ParsedRequest, eos: int | None) -> int:
-    request = parsed.request
-    for candidate in (request.pad_id, request.end_id, eos):
-        if candidate is not None:
-            return candidate
-    return 0
