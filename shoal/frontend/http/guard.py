@@ -207,7 +207,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
                 codings += value.split(b",")
         close_after = False
         if codings and length is not None:
-            # framed by Transfer-Encoding alone (``lean.request_parser``); RFC 9112 §6.1: such
+            # framed by Transfer-Encoding alone (``connection.request_parser``); RFC 9112 §6.1: such
             # a connection is closed after the answer. The parser reads a coding other than
             # chunked last to the connection's end: refused
             if codings[-1].strip().lower() != b"chunked":

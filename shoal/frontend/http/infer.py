@@ -50,7 +50,7 @@ ZERO_COPY_MIN_BYTES: Final = 1 << 20
 
 async def read_body(request: Request, limit: int) -> bytes:
     """The whole request body; INVALID_ARG as soon as it is known to exceed ``limit``. A
-    chunked body's Content-Length (``lean.request_parser``) is not looked at."""
+    chunked body's Content-Length (``connection.request_parser``) is not looked at."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit \
             and "transfer-encoding" not in request.headers:

@@ -50,7 +50,6 @@ from shoal.frontend.core.prepare import IN_PLACE_ALIGNMENT, BodySlot
 from shoal.frontend.http import compression
 from shoal.frontend.http.answer_writer import AnswerWriter, head_block
 from shoal.frontend.http.body_reader import BodyReader
-from shoal.frontend.http.connection import request_parser as _request_parser
 from shoal.frontend.http.errors import internal_error_response
 from shoal.frontend.http.infer import HEADER_LENGTH, INFER_PATH, InferHandler
 from shoal.trace.record import HTTP_RECV_END, HTTP_RECV_START, HTTP_SEND_END, HTTP_SEND_START
@@ -68,10 +67,6 @@ BODY_SLOT_MIN_BYTES: Final = 1 << 20  # smaller bodies are read into memory and 
 CONTINUE: Final = b"HTTP/1.1 100 Continue\r\n\r\n"
 ROUTE_CACHE_SIZE: Final = 256  # URLs whose ``infer_route`` a LeanInfer remembers
 
-# docs/architecture.md names these ``lean._BodyReader`` and ``lean.request_parser``: kept under
-# those names until the page names the modules they moved to (body_reader.py, connection.py)
-_BodyReader = BodyReader
-request_parser = _request_parser
 
 
 def infer_route(method: bytes, url: bytes) -> tuple[str, str | None] | None:

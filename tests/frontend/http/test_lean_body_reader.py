@@ -1,8 +1,8 @@
 """The lean transport reads a slot-bound body (large binary request) straight into its arena
-slot (``lean._BodyReader``): the bytes that came with the headers go through the parser, the rest
-never does. Checked here on a real uvicorn + GuardedHttpProtocol (FakeDataPlane): exact bodies
-however they are cut, pipelined requests after such a body, the body timeout and its progress,
-and the slot given back."""
+slot (``body_reader.BodyReader``): the bytes that came with the headers go through the parser,
+the rest never does. Checked here on a real uvicorn + GuardedHttpProtocol (FakeDataPlane):
+exact bodies however they are cut, pipelined requests after such a body, the body timeout and
+its progress, and the slot given back."""
 
 from __future__ import annotations
 
