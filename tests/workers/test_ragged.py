@@ -10,9 +10,8 @@ from google.protobuf import text_format
 from tritonclient.grpc.model_config_pb2 import ModelConfig
 
 from shoal.errors import ErrorCode, ShoalError
-from shoal.workers.ragged import (
-    BATCH_INPUT_KINDS,
-    RaggedConfig,
+from shoal.workers.ragged import BATCH_INPUT_KINDS, RaggedConfig
+from shoal.workers.ragged_tensors import (
     batch_input_array,
     crop_padded_output,
     flatten_ragged,

@@ -77,7 +77,8 @@ from shoal.workers.backends.torchscript_io import (
 )
 from shoal.workers.batch_assembly import adjacent_view, copy_if_aliases, copy_rows, split_rows
 from shoal.workers.device_regions import host_array, is_torch_tensor
-from shoal.workers.ragged import RaggedConfig, pad_ragged, padded_shape
+from shoal.workers.ragged import RaggedConfig
+from shoal.workers.ragged_tensors import pad_ragged, padded_shape
 from shoal.workers.workspace import WorkspacePool, pytorch_workspace_bytes
 
 logger = logging.getLogger(__name__)
