@@ -18,13 +18,11 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
-from shoal.broker.ensemble import composing_model_names, validate_ensemble
-from shoal.broker.lifecycle.device_ledger import (
-    device_instances,
-    device_need_parts,
-    ledger_from_settings,
-)
+from shoal.broker.ensemble import composing_model_names
+from shoal.broker.lifecycle.admission import admit
+from shoal.broker.lifecycle.device_ledger import ledger_from_settings
 from shoal.broker.lifecycle.materialize import remove_materialized
+from shoal.broker.lifecycle.outcomes import ensemble_outcome, load_outcome
 from shoal.broker.lifecycle.polling import PollTracker, fingerprint_models
 from shoal.broker.lifecycle.records import (
     Command,
@@ -43,8 +41,6 @@ from shoal.config.load_overrides import check_model_name
 from shoal.errors import ErrorCode, ShoalError
 from shoal.messages import Error, LoadModel, UnloadModel
 from shoal.settings import ModelControlMode, Settings
-from shoal.workers.backends.catalog import builtin_backend
-from shoal.workers.workspace import device_workspace_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -183,11 +179,11 @@ class LifecycleDriver:
             return
         try:
             generation = self.models.build_generation(name, read, command, now)
-            if self.settings.rate_limit != "off":  # before _admit reserves device memory
+            if self.settings.rate_limit != "off":  # before admit reserves device memory
                 check_load(self.models.runtimes(), generation.runtimes.values(),
                            self.settings.rate_limit_resources)
             if not generation.is_ensemble:
-                self._admit(generation)
+                admit(generation, self.models, self.ledger, self.settings)
         except ShoalError as exc:
             self._remove_dir(read.materialized_dir)
             self._load_failed(record, command.waiter, exc.message, now,
@@ -200,41 +196,6 @@ class LifecycleDriver:
             for slot in runtime.instances:
                 self.hooks.spawn(runtime, slot, now)
         self.dirty = True
-
-    def _admit(self, generation: Generation) -> None:
-        config = generation.source.config
-        version_dirs = [os.path.join(generation.source.model_dir, str(v))
-                        for v in generation.runtimes]
-        gpus = self.models.gpu_count
-        parts = device_need_parts(config, version_dirs,
-                                  self.settings.model_load_device_margin_bytes,
-                                  device_workspace_bytes(config, self.settings.backend_config),
-                                  gpu_count=gpus, instance_parts=self._llm_parts(generation))
-        needs = {device: sum(held.values()) for device, held in parts.items()}
-        owner = f"{generation.name}#{generation.id}"
-        refusal = self.ledger.admit(
-            owner, generation.name, needs,
-            instances=device_instances(config, len(generation.runtimes), gpu_count=gpus),
-            parts=parts)
-        if refusal is not None:
-            raise ShoalError(ErrorCode.INVALID_ARG, refusal)
-        generation.ledger_owner = owner
-
-    def _llm_parts(self, generation: Generation) -> dict[str, int] | None:
-        """What one instance holds per part, for a backend whose catalog entry knows it (the
-        llm backend: checkpoint weights and KV pool, ``backends/llm/device_need.py``); None for
-        the others. A pool sized by free memory takes its share of the least free device its
-        instances use."""
-        config = generation.source.config
-        entry = builtin_backend(config.backend)
-        if entry is None or entry.device_parts is None:
-            return None
-        devices = device_instances(config, gpu_count=self.models.gpu_count)
-        free = [limit - self.ledger.reserved_bytes(device) for device in devices
-                if (limit := self.ledger.limit_bytes(device)) is not None]
-        parameters = {key: value.string_value for key, value in config.parameters.items()}
-        return entry.device_parts(parameters, generation.source.model_dir,
-                                  min(free) if free else None)
 
     def _load_composing(self, record: ModelRecord, generation: Generation, now: float) -> None:
         generation.dependencies = tuple(composing_model_names(generation.source.config))
@@ -254,8 +215,8 @@ class LifecycleDriver:
                 generation = record.loading
                 if generation is None:
                     continue
-                outcome = (self._ensemble_outcome(generation) if generation.is_ensemble
-                           else self._outcome(generation))
+                outcome = (ensemble_outcome(generation, self.models.records)
+                           if generation.is_ensemble else load_outcome(generation))
                 if outcome is None:
                     continue
                 changed = True
@@ -263,36 +224,6 @@ class LifecycleDriver:
                     self._load_failed(record, generation.waiter, outcome, now, generation)
                 else:
                     self._promote(record, generation, now)
-
-    @staticmethod
-    def _outcome(generation: Generation) -> str | None:
-        """None: still loading; "": ready; else why it failed."""
-        reason = generation.failed_reason()
-        if reason is not None:
-            return reason
-        return "" if generation.all_ready() else None
-
-    def _ensemble_outcome(self, generation: Generation) -> str | None:
-        composing = {}
-        for name in generation.dependencies:
-            dependency = self.models.records.get(name)
-            if dependency is not None and dependency.serving is not None:
-                composing[name] = dependency.serving
-            elif dependency is None or not (dependency.busy or dependency.commands):
-                why = dependency.failure if dependency is not None and dependency.failure \
-                    else "it is not loaded"
-                return f"composing model '{name}' is not available: {why}"
-        if len(composing) < len(generation.dependencies):
-            return None
-        try:
-            plan = validate_ensemble(
-                generation.source.config, {n: g.source.config for n, g in composing.items()},
-                loaded_versions={n: set(g.runtimes) for n, g in composing.items()})
-        except ShoalError as exc:
-            return exc.message
-        for runtime in generation.runtimes.values():
-            runtime.ensemble = plan
-        return ""
 
     def _promote(self, record: ModelRecord, generation: Generation, now: float) -> None:
         old = record.promote(generation, now)
