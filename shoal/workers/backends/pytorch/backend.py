@@ -7,7 +7,8 @@ Inputs reach ``forward()`` by Triton's pytorch_backend rules: when every input n
 ``forward()`` argument name, by name; else when every name is ``<name>__<index>``, by index; else in
 config order. A ``forward(self, inputs: Dict[str, Tensor])`` gets a dict keyed by input name.
 Outputs are matched by ``<name>__<index>`` when every output name has that form, else by config
-order. BYTES inputs are passed as ``List[str]``; ``List[str]`` outputs become BYTES. Sequence
+order (each checked and cut per request in ``outputs.py``). BYTES inputs are passed as
+``List[str]``; ``List[str]`` outputs become BYTES. Sequence
 models also get their control and implicit-state inputs and return their state outputs
 (``sequence_io``: the tensors, their order and the naming rule). An exported program of a
 batching model must have a dynamic dim 0 on every batched input (checked at load).
@@ -46,7 +47,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from shoal.dtypes import torch_dtype, wire_to_config
+from shoal.dtypes import torch_dtype
 from shoal.errors import ErrorCode, ShoalError, invalid_arg
 from shoal.messages import Error
 from shoal.workers.backends import torch_device
@@ -56,6 +57,7 @@ from shoal.workers.backends.base import (
     InstanceContext,
     OutputTensor,
 )
+from shoal.workers.backends.pytorch.outputs import output_array, request_pieces
 from shoal.workers.backends.pytorch.program import (
     PT2_FILENAME,
     TORCHSCRIPT_FILENAME,
@@ -72,11 +74,9 @@ from shoal.workers.backends.torchscript_io import (
     input_positions,
     io_spec,
     output_positions,
-    reshape_output,
-    wire_of_torch,
 )
-from shoal.workers.batch_assembly import adjacent_view, copy_if_aliases, copy_rows, split_rows
-from shoal.workers.device_regions import host_array, is_torch_tensor
+from shoal.workers.batch_assembly import adjacent_view, copy_rows
+from shoal.workers.device_regions import is_torch_tensor
 from shoal.workers.ragged import RaggedConfig
 from shoal.workers.ragged_tensors import pad_ragged, padded_shape
 from shoal.workers.workspace import WorkspacePool, pytorch_workspace_bytes
@@ -273,24 +273,8 @@ class PytorchBackend:
                                  "an output index which doesn't exist. This model has "
                                  f"{len(outputs)} outputs")
             array = self._output_array(spec, outputs[position], shared, spec.name in on_device)
-            scatter = self._ragged.scatter_outputs.get(spec.name)
-            if scatter is not None:
-                parts = self._ragged.split_output(
-                    scatter, array, [shapes[scatter.source] for shapes in source_shapes])
-                pieces[spec.name] = [reshape_output(spec, part, (size,) if batched else ())
-                                     for part, size in zip(parts, sizes, strict=True)]
-                continue
-            if not batched:
-                pieces[spec.name] = [reshape_output(spec, array, ())]
-                continue
-            if array.ndim == 0 or array.shape[0] != total:
-                raise ShoalError(ErrorCode.INTERNAL,
-                                 f"output '{spec.name}' has shape {list(array.shape)}, expected "
-                                 f"batch dimension {total}")
-            parts = split_rows(array, sizes)
-            pieces[spec.name] = parts if spec.reshape is None else [
-                reshape_output(spec, part, (size,))
-                for part, size in zip(parts, sizes, strict=True)]
+            pieces[spec.name] = request_pieces(spec, array, sizes, batched=batched,
+                                               ragged=self._ragged, source_shapes=source_shapes)
         if len(self._outputs) == 1:  # the common model: one output, one list of pieces
             name, datatype = self._outputs[0].name, self._outputs[0].datatype
             return [BackendResponse([OutputTensor(name, datatype, part)])
@@ -363,29 +347,11 @@ class PytorchBackend:
 
     def _output_array(self, spec: IoSpec, value: Any, sources: list[Array],
                       on_device: bool = False) -> Array:
-        """The checked output as a host array (a torch tensor when ``on_device``)."""
-        torch = self._torch
-        if isinstance(value, list):
-            if spec.datatype != "BYTES":
-                raise ShoalError(ErrorCode.INVALID_ARG,
-                                 f"configuration expects datatype {wire_to_config(spec.datatype)} "
-                                 f"for output '{spec.name}', model provides TYPE_STRING")
-            strings = np.empty(len(value), dtype=np.object_)
-            strings[:] = [s.encode("utf-8") for s in value]
-            return strings
-        if value.dtype != self._torch_dtypes.get(spec.name):
-            provided = wire_of_torch(torch, value.dtype)
-            raise ShoalError(ErrorCode.INVALID_ARG,
-                             f"configuration expects datatype {wire_to_config(spec.datatype)} "
-                             f"for output '{spec.name}', model provides "
-                             f"{wire_to_config(provided) if provided else value.dtype}")
-        if self._max_batch > 0 and value.dim() == 0:
-            raise ShoalError(ErrorCode.INVALID_ARG,
-                             f"output '{spec.name}' is a scalar which is not supported.")
-        if on_device:
-            device_value: Array = value.detach()  # the worker copies it device to device
-            return device_value
-        return copy_if_aliases(host_array(value), sources)
+        """The checked output as a host array (a torch tensor when ``on_device``), by this
+        instance's config (``outputs.output_array``)."""
+        return output_array(self._torch, spec, value, sources,
+                            expected_dtype=self._torch_dtypes.get(spec.name),
+                            batched=self._max_batch > 0, on_device=on_device)
 
 
 def _model_filename(version_dir: str, configured: str) -> str:
