@@ -18,6 +18,30 @@ class ModelControlMode(enum.StrEnum):
     EXPLICIT = "explicit"
 
 
+class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """The part of ``Settings`` a model instance's worker process uses, typed inside its
+    ``WorkerSpec`` (``Settings.for_workers``): the server instance (segment names, lock,
+    sockets), its shared-memory sizes, where backends are found and their
+    ``--backend-config``, and the logging flags."""
+
+    instance_id: str = ""
+    runtime_dir: str = ""
+    shm_segment_bytes: int = 16 * 1024 * 1024
+    shm_arena_max_bytes: int = 1024 * 1024 * 1024
+    backend_directory: str = ""
+    backend_config: list[tuple[str, str, str]] = []
+    log_verbose: int = 0
+    log_info: bool = True
+    log_warning: bool = True
+    log_error: bool = True
+    log_format: str = "default"
+
+    @property
+    def segment_prefix(self) -> str:
+        """Every POSIX shm segment of this server instance starts with this name."""
+        return f"/shoal-{self.instance_id}-"
+
+
 class Settings(msgspec.Struct, frozen=True, kw_only=True):
     model_repositories: list[str]
     http_port: int = 8000
@@ -161,3 +185,13 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     def segment_prefix(self) -> str:
         """Every POSIX shm segment of this server instance starts with this name."""
         return f"/shoal-{self.instance_id}-"
+
+    def for_workers(self) -> WorkerSettings:
+        """What a worker process is given of these settings (``WorkerSpec.settings``)."""
+        return WorkerSettings(
+            instance_id=self.instance_id, runtime_dir=self.runtime_dir,
+            shm_segment_bytes=self.shm_segment_bytes,
+            shm_arena_max_bytes=self.shm_arena_max_bytes,
+            backend_directory=self.backend_directory, backend_config=self.backend_config,
+            log_verbose=self.log_verbose, log_info=self.log_info, log_warning=self.log_warning,
+            log_error=self.log_error, log_format=self.log_format)

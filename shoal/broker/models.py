@@ -276,7 +276,7 @@ class ModelManager:
             backend=runtime.backend, config_json=runtime.config_json_text,
             instance_name=slot.instance_name, kind=slot.kind, device_id=slot.device_id,
             broker_endpoint=endpoint, arena_prefix=f"{self.settings.segment_prefix}w{serial}-",
-            settings_json=self.settings.to_json().decode(),
+            settings=self.settings.for_workers(),
             intra_op_threads=self.intra_op_threads(runtime, slot))
 
     def load_failures(self) -> list[str]:

@@ -16,6 +16,7 @@ from shoal.messages.tensors import (
     RequestedOutput,
     TensorRef,
 )
+from shoal.settings import WorkerSettings
 
 
 class StateBinding(msgspec.Struct, frozen=True, array_like=True):
@@ -231,7 +232,7 @@ class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
     device_id: int
     broker_endpoint: str
     arena_prefix: str
-    settings_json: str
+    settings: WorkerSettings  # the server's settings a worker uses
     # The server's default intra-op thread count for this CPU instance (broker/thread_policy.py);
     # 0: none (accelerator instances). Backends apply it unless the model names a count.
     intra_op_threads: int = 0

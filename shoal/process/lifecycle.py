@@ -12,7 +12,7 @@ import signal
 import sys
 import time
 
-from shoal.settings import Settings
+from shoal.settings import Settings, WorkerSettings
 from shoal.shm.sweep import (
     LEAVE_WAIT_S,
     InstanceGone,
@@ -21,6 +21,8 @@ from shoal.shm.sweep import (
 )
 
 logger = logging.getLogger(__name__)
+
+ProcessSettings = Settings | WorkerSettings  # a worker has only its part (WorkerSettings)
 
 _PR_SET_PDEATHSIG = 1
 
@@ -60,7 +62,7 @@ def log_level(verbose: int, info: bool = True, warning: bool = True, error: bool
     return logging.CRITICAL
 
 
-def setup_logging(settings: Settings, role: str) -> None:
+def setup_logging(settings: ProcessSettings, role: str) -> None:
     """The process's logging, to standard error, at the level of ``--log-verbose`` and
     ``--log-info``/``-warning``/``-error``; ``--log-format ISO8601`` stamps lines in UTC ISO
     8601."""
@@ -77,7 +79,7 @@ def setup_logging(settings: Settings, role: str) -> None:
                         handlers=[handler])
 
 
-def hold_instance_lock(settings: Settings) -> None:
+def hold_instance_lock(settings: ProcessSettings) -> None:
     """Join the server instance's lock for the rest of this process's life (shm/sweep.py): while
     any process of the instance lives, no other server sweeps its segments. At a normal exit the
     share is given up; the last process of the instance out removes what the instance left
@@ -92,7 +94,8 @@ def hold_instance_lock(settings: Settings) -> None:
     atexit.register(leave_instance, lock, settings)
 
 
-def leave_instance(lock: InstanceLock, settings: Settings, wait_s: float = LEAVE_WAIT_S) -> bool:
+def leave_instance(lock: InstanceLock, settings: ProcessSettings,
+                   wait_s: float = LEAVE_WAIT_S) -> bool:
     """Give up this process's share of the instance lock; True when this was the last process
     of the instance (it then removed the instance's segments, runtime dir and lock file).
     ``wait_s``: how long other members that are exiting are waited for."""
@@ -102,7 +105,7 @@ def leave_instance(lock: InstanceLock, settings: Settings, wait_s: float = LEAVE
     return lock.leave(on_last=on_last, wait_s=wait_s)
 
 
-def remove_instance_files(settings: Settings) -> list[str]:
+def remove_instance_files(settings: ProcessSettings) -> list[str]:
     """Every segment of the instance, and its runtime dir. Only for the instance's last
     process (it holds the lock exclusively). Returns the segments removed."""
     removed = remove_segments_with_prefix(settings.segment_prefix)

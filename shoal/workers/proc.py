@@ -71,7 +71,7 @@ from shoal.process.lifecycle import (
     ignore_group_signals,
     setup_logging,
 )
-from shoal.settings import Settings
+from shoal.settings import WorkerSettings
 from shoal.shm.arena import Arena
 from shoal.shm.client_regions import ClientRegions
 from shoal.shm.regions import RegionCache
@@ -101,7 +101,7 @@ _CLIENT_SWEEP_S = 1.0  # how often, between batches, mappings of removed client 
 
 
 class WorkerProc:
-    def __init__(self, spec: WorkerSpec, settings: Settings) -> None:
+    def __init__(self, spec: WorkerSpec, settings: WorkerSettings) -> None:
         self.spec = spec
         self.settings = settings
         self.stopping = False
@@ -319,7 +319,7 @@ class WorkerProc:
             sock.close(linger=500)
 
 
-def run_worker(spec: WorkerSpec, settings: Settings) -> int:
+def run_worker(spec: WorkerSpec, settings: WorkerSettings) -> int:
     proc = WorkerProc(spec, settings)
 
     def on_stop(signum: int, frame: FrameType | None) -> None:
@@ -348,7 +348,7 @@ def run_worker(spec: WorkerSpec, settings: Settings) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     spec = msgspec.json.decode(args[0], type=WorkerSpec)
-    settings = Settings.from_json(spec.settings_json)
+    settings = spec.settings
     setup_logging(settings, f"worker {spec.instance_name}")
     hold_instance_lock(settings)  # before any segment: a sweep must see this instance live
     die_with_parent(STOP_SIGNAL)

@@ -14,6 +14,7 @@ import pytest
 
 from shoal.messages import WorkerSpec
 from shoal.ops.processes import FrontendRestarts, ProcessTable, classify
+from shoal.settings import WorkerSettings
 
 PY = sys.executable
 
@@ -24,7 +25,7 @@ def worker_argv(model: str = "mlp", instance: str = "mlp_0", kind: str = "CPU",
                       model_dir="/m", version_dir="/m/1", backend="pytorch", config_json="{}",
                       instance_name=instance, kind=kind, device_id=device_id,
                       broker_endpoint="ipc:///x", arena_prefix="/shoal-abc-w7-",
-                      settings_json="{}")
+                      settings=WorkerSettings())
     return [PY, "-m", "shoal.workers", msgspec.json.encode(spec).decode()]
 
 

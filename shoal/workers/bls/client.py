@@ -33,7 +33,7 @@ import zmq
 
 from shoal.errors import ErrorCode, ShoalError
 from shoal.messages import LoadModel, RepositorySnapshot, UnloadModel, WorkerSpec
-from shoal.settings import Settings
+from shoal.settings import WorkerSettings
 from shoal.shm.arena import Arena, Slot
 from shoal.workers.bls.link import BlsLink, PendingCall, Sink
 from shoal.workers.bls.memory import BlsAnswer, CalleeMemory
@@ -78,7 +78,7 @@ class BlsStream:
 
 
 class BlsClient:
-    def __init__(self, spec: WorkerSpec, settings: Settings,
+    def __init__(self, spec: WorkerSpec, settings: WorkerSettings,
                  context: zmq.Context[zmq.Socket[bytes]]) -> None:
         self._identity = f"bls-{spec.identity}".encode()
         self._arena_prefix = spec.arena_prefix + "b"

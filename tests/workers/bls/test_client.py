@@ -142,8 +142,9 @@ def client(settings: Settings, broker: FakeBroker) -> Iterator[BlsClient]:
     spec = WorkerSpec(identity=IDENTITY, model_name="m", model_version=1, model_dir="",
                       version_dir="", backend="python", config_json="{}", instance_name="m_0",
                       kind="CPU", device_id=0, broker_endpoint="",
-                      arena_prefix=settings.segment_prefix + "w5-", settings_json="")
-    created = BlsClient(spec, settings, zmq.Context.instance())
+                      arena_prefix=settings.segment_prefix + "w5-",
+                      settings=settings.for_workers())
+    created = BlsClient(spec, spec.settings, zmq.Context.instance())
     yield created
     created.close()
 
