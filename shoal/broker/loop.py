@@ -24,6 +24,7 @@ from shoal.broker.frontend_link import BLS_PREFIX, FrontendLink
 from shoal.broker.health import note_progress
 from shoal.broker.held_releases import HeldReleases, Hold
 from shoal.broker.instance_deaths import death_error, held_by, plan_restart
+from shoal.broker.intake import RequestIntake
 from shoal.broker.lifecycle.driver import LifecycleDriver
 from shoal.broker.model_runtime import InstanceSlot, ModelVersionRuntime
 from shoal.broker.models import ModelManager
@@ -34,12 +35,11 @@ from shoal.broker.schedulers.base import RequestKey
 from shoal.broker.short_wait import wait_briefly
 from shoal.broker.stream_results import stream_answer
 from shoal.broker.trace_stamps import with_stamps
-from shoal.broker.worker_link import CONTROL_SUFFIX, WorkerEntry, WorkerLink
+from shoal.broker.worker_link import WorkerEntry, WorkerLink
 from shoal.errors import ErrorCode
 from shoal.messages import (
     BatchResult,
     CacheFigures,
-    CancelExecuting,
     CancelRequest,
     ControlReply,
     CustomMetricsSnapshot,
@@ -108,16 +108,19 @@ class BrokerLoop:
         self.lifecycle_due = 0.0  # 0: run the lifecycle on the next pass
         self.wake_by: float | None = None  # set by settle(); None: settle before polling
         self.lifecycle_deadline: float | None = None  # its next deadline, as of its last run
-        self.ensembles = EnsembleDriver(self.submit, self.answer, self.forward_releases,
-                                        self.cancel)
-        self.lifecycle = LifecycleDriver(settings, models, self)
-        self.stats = StatsDesk(models, self.workers, self.frontends, self.ensembles.in_flight,
-                               self.lifecycle.ledger)
         # --rate-limit execution_count: batches start only when granted (rate_limiter/)
         self.dispatcher = Dispatcher(
             self.workers, self.held_releases,
             RateLimiter(settings.rate_limit_resources)
             if settings.rate_limit == "execution_count" else None, self.finish_error)
+        self.intake = RequestIntake(models, self.workers, self.answer, self.finish_error,
+                                    self.dispatcher.dispatch)
+        self.ensembles = EnsembleDriver(self.intake.submit, self.answer, self.forward_releases,
+                                        self.intake.cancel)
+        self.intake.ensembles = self.ensembles
+        self.lifecycle = LifecycleDriver(settings, models, self)
+        self.stats = StatsDesk(models, self.workers, self.frontends, self.ensembles.in_flight,
+                               self.lifecycle.ledger)
         self.poller.register(self.lifecycle.wake_fd, zmq.POLLIN)
 
     # ------------------------------------------------------------------ lifecycle
@@ -232,18 +235,18 @@ class BrokerLoop:
         and it plans once per pass instead of once per request."""
         now = time.monotonic()
         if isinstance(message, InferRequest):
-            self.enqueue(identity, message, now)
+            self.intake.enqueue(identity, message, now)
         elif isinstance(message, InferRequestBatch):
             if message.releases:  # first: a batch dispatched this pass may carry them
                 self.frontends.returned(identity, message.releases)
                 self.forward_releases(message.releases)
             for request in message.requests:
-                self.enqueue(identity, request, now)
+                self.intake.enqueue(identity, request, now)
         elif isinstance(message, ReleaseLeases):
             self.frontends.returned(identity, message.leases)
             self.forward_releases(message.leases)
         elif isinstance(message, CancelRequest):
-            self.cancel(identity, message.request_id, now)
+            self.intake.cancel(identity, message.request_id, now)
         elif isinstance(message, ForgetCudaHandles):
             self.workers.send_control_to_all(message)  # each worker unmaps them between batches
         elif isinstance(message, LogLevel):  # the logging API: server-wide, as Triton's
@@ -257,76 +260,13 @@ class BrokerLoop:
             replaced = self.frontends.greet(identity, message.frontend_index)
             self.frontends.send(identity, self.models.snapshot(self.stopping))
             if replaced is not None:
-                self.abandon(replaced, now)
+                self.intake.abandon(replaced, now)
         elif isinstance(message, (RegionRegistered, RegionUnregistered)):
             self.frontends.regions.record(message)
         elif isinstance(message, CacheFigures):
             self.stats.record_cache_figures(message)
         elif isinstance(message, StatsRequest):
             self.stats.on_request(identity, message, now)
-
-    def submit(self, identity: bytes, request: InferRequest, now: float) -> None:
-        """Queue a request and dispatch at once (an ensemble's steps: no tick follows them)."""
-        runtime = self.enqueue(identity, request, now)
-        if runtime is not None:
-            self.dispatcher.dispatch(runtime, now)
-
-    def enqueue(self, identity: bytes, request: InferRequest, now: float
-                ) -> ModelVersionRuntime | None:
-        """Queue a request without dispatching; returns the model version whose queue it joined
-        (None: it was answered at once, or an ensemble run took it)."""
-        runtime = self.models.runtime(request.model, request.version)
-        if runtime is None or self.stopping or not runtime.serving():
-            reason = ("Server exiting" if self.stopping else
-                      f"model '{request.model}' version {request.version} is not available")
-            self.answer(identity, InferResponse(
-                request.request_id, error=Error(ErrorCode.UNAVAILABLE, reason)))
-            return None
-        if request.timeout_us and logger.isEnabledFor(logging.DEBUG):
-            # Triton's core logs a request's timeout at --log-verbose 1 (its QA greps for it)
-            logger.debug("model '%s' request %s: Request timeout: %d", request.model,
-                         request.client_request_id or request.request_id, request.timeout_us)
-        if runtime.ensemble is not None:
-            self.ensembles.start(identity, request, runtime, now)
-            return None
-        key: RequestKey = (identity, request.request_id)
-        queued = runtime.queued(key, identity, request, now)
-        rejection = runtime.scheduling.submit(key, request, queued, now)
-        if rejection is not None:  # refused on arrival: Triton counts it nowhere (stats.py)
-            self.finish_error(runtime, key, Error(rejection.code, rejection.message), None, now)
-            return None
-        return runtime
-
-    def cancel(self, identity: bytes, request_id: int, now: float) -> None:
-        """Queued: dropped at once (never reaches a batch). Running: the worker is told, the
-        model sees is_cancelled(); its answer still ends the request."""
-        if self.ensembles.cancel(identity, request_id, now):
-            return
-        key: RequestKey = (identity, request_id)
-        for runtime in self.models.runtimes():
-            pending = runtime.requests.get(key)
-            if pending is None:
-                continue
-            ended = runtime.scheduling.cancel(key, now) if not pending.worker else []
-            if ended:  # queued (a sequence's queued rest may end with it)
-                for end in ended:
-                    self.finish_error(runtime, end, Error(ErrorCode.CANCELLED,
-                                                          "request cancelled"), "CANCELED", now)
-            elif pending.worker:  # running, or waiting to run again (rescheduled)
-                self.workers.send(pending.worker + CONTROL_SUFFIX,
-                                  CancelExecuting([pending.exec_id]))
-            return
-
-    def abandon(self, identity: bytes, now: float) -> None:
-        """A frontend died and its successor said Hello: its requests still queued are dropped
-        and its running ones are told they are cancelled (nobody can take their answers)."""
-        mine = [key[1] for r in self.models.runtimes() for key in r.requests if key[0] == identity]
-        mine += self.ensembles.requests_of(identity)
-        for request_id in mine:
-            self.cancel(identity, request_id, now)
-        if mine:
-            logger.warning("dropped or cancelled %d requests of a frontend that died",
-                           len(mine))
 
     def forward_releases(self, leases: list[Lease]) -> None:
         """Leases their holders gave back: an ensemble run's at once; a worker's are held to ride
@@ -520,7 +460,7 @@ class BrokerLoop:
         """Refuse new work, fail what is queued, ask every worker to finalize and exit."""
         if self.stopping:
             return
-        self.stopping = self.frontends.stopping = True
+        self.stopping = self.frontends.stopping = self.intake.stopping = True
         self.wake_by = None  # called between passes: the next one settles first
         self.lifecycle.shutdown()
         now = time.monotonic()
