@@ -12,17 +12,16 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections import defaultdict
 from collections.abc import Callable
 
 import zmq
 
 from shoal.broker.batch_results import batch_outcomes, reschedule, written_states
 from shoal.broker.dispatcher import Dispatcher
-from shoal.broker.ensemble.driver import ENSEMBLE_LEASE, INTERNAL, EnsembleDriver
+from shoal.broker.ensemble.driver import INTERNAL, EnsembleDriver
 from shoal.broker.frontend_link import BLS_PREFIX, FrontendLink
 from shoal.broker.health import note_progress
-from shoal.broker.held_releases import HeldReleases, Hold
+from shoal.broker.held_releases import HeldReleases
 from shoal.broker.instance_deaths import death_error, held_by, plan_restart
 from shoal.broker.intake import RequestIntake
 from shoal.broker.lifecycle.driver import LifecycleDriver
@@ -31,6 +30,7 @@ from shoal.broker.models import ModelManager
 from shoal.broker.pool import WorkerHandle, WorkerState, reap, spawn_worker
 from shoal.broker.queries import StatsDesk
 from shoal.broker.rate_limiter import RateLimiter
+from shoal.broker.release_routing import ReleaseRouting
 from shoal.broker.schedulers.base import RequestKey
 from shoal.broker.short_wait import wait_briefly
 from shoal.broker.stream_results import stream_answer
@@ -100,6 +100,7 @@ class BrokerLoop:
         self.workers = WorkerLink(self.context, self.worker_endpoint, self.poller)
         # lease releases for workers, riding on their next Batch (held_releases.py)
         self.held_releases = HeldReleases()
+        self.releases = ReleaseRouting(self.workers, self.held_releases)
         self.snapshot_dirty = False
         self.spawn_counter = 0
         self.stopping = False
@@ -118,6 +119,7 @@ class BrokerLoop:
         self.ensembles = EnsembleDriver(self.intake.submit, self.answer, self.forward_releases,
                                         self.intake.cancel)
         self.intake.ensembles = self.ensembles
+        self.releases.ensemble_release = self.ensembles.release
         self.lifecycle = LifecycleDriver(settings, models, self)
         self.stats = StatsDesk(models, self.workers, self.frontends, self.ensembles.in_flight,
                                self.lifecycle.ledger)
@@ -184,7 +186,7 @@ class BrokerLoop:
         pass, with nothing new to do)."""
         self.tick(now)
         self.flush_answers()
-        self.flush_releases()  # before sleeping: only executing workers' releases stay held
+        self.releases.flush()  # before sleeping: only executing workers' releases stay held
         self.wake_by = self.next_deadline(now)
 
     def next_deadline(self, now: float) -> float:
@@ -269,29 +271,8 @@ class BrokerLoop:
             self.stats.on_request(identity, message, now)
 
     def forward_releases(self, leases: list[Lease]) -> None:
-        """Leases their holders gave back: an ensemble run's at once; a worker's are held to ride
-        on its next Batch, or sent at the end of this pass if it is not executing (then a Batch
-        of this pass may still take them); a dead worker's are dropped (held_releases.py)."""
-        grouped: dict[str, list[Lease]] = defaultdict(list)
-        for lease in leases:
-            grouped[lease.instance].append(lease)
-        ensemble_runs = grouped.pop(ENSEMBLE_LEASE, [])
-        if ensemble_runs:
-            self.ensembles.release([lease.lease_id for lease in ensemble_runs])
-        for instance, group in grouped.items():
-            self.held_releases.add(instance, group, self.release_hold(instance))
-
-    def release_hold(self, instance: str) -> Hold:
-        entry = self.workers.entries.get(instance)
-        if entry is None or entry[0].state is WorkerState.DEAD:
-            return Hold.DROP
-        return Hold.UNTIL_BATCH if entry[0].state is WorkerState.BUSY else Hold.UNTIL_PASS_END
-
-    def flush_releases(self) -> None:
-        """End of a loop pass: releases that no Batch took and whose worker is not executing
-        leave as one ReleaseLeases per worker."""
-        for instance, leases in self.held_releases.due(self.release_hold):
-            self.workers.send(instance, ReleaseLeases(leases))
+        """Leases their holders gave back (``release_routing``)."""
+        self.releases.forward(leases)
 
     def answer(self, identity: bytes, response: InferResponse) -> None:
         """Queue a terminal answer; flush_answers sends it at the end of this loop pass."""
