@@ -94,12 +94,17 @@ def test_a_request_right_after_an_idle_worker_was_killed_is_served_by_its_replac
 ) -> None:
     """Triton 2.51 fails the first request after its stub died ("Stub process ... is not
     healthy", which Triton's L0_backend_python/restart expects); shoal's broker sees the death
-    at once and queues the request for the replacement (docs/triton-differences.md)."""
+    on the process's pidfd, starts the replacement and queues what comes meanwhile for it
+    (docs/triton-differences.md). The request is sent once the broker has seen the death (the
+    replacement's process exists, whether or not it has loaded yet): before that, in the
+    moment between a kill and the broker's next poll, a request can still reach the dying
+    worker and fail with it."""
     server = ShoalServer([str(small_repo)]).start()
     fresh_server_factory.append(server)
     client = httpclient.InferenceServerClient(server.url, network_timeout=60)
     (pid,) = server.worker_pids("sleepy")
     os.kill(pid, signal.SIGKILL)
+    assert _wait_for(lambda: server.worker_pids("sleepy") not in ([], [pid]), 10)
     result = client.infer("sleepy", _delay_input(0.0))
     assert int(result.as_numpy("PID")[0]) != pid
 
