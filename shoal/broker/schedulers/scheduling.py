@@ -26,7 +26,7 @@ All are pure state machines driven by the loop's clock (no I/O but the state sto
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 from shoal.broker.schedulers.base import QueuedRequest, Rejection, RequestKey, Scheduler
@@ -37,17 +37,18 @@ from shoal.messages import InferRequest, InlineTensor, StateBinding, WrittenStat
 WrittenStates = Callable[[], Mapping[RequestKey, Sequence[WrittenState]]]  # asked when needed
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Work:
     """One execution to send: the request keys in ``requests`` order; for a sequence batch also
     the Batch ``rows`` (index into those keys, -1 = not ready), the control tensors and each
-    key's state bindings. ``error`` set: the execution cannot run (no memory for its state) and
-    is already over for the scheduling; the loop fails its requests and sends nothing."""
+    key's state bindings (None: none). ``error`` set: the execution cannot run (no memory for
+    its state) and is already over for the scheduling; the loop fails its requests and sends
+    nothing. Read-only by contract; not frozen, as one is built per dispatch."""
 
     keys: list[RequestKey]
-    rows: list[int] = field(default_factory=list)
-    controls: list[InlineTensor] = field(default_factory=list)
-    states: dict[RequestKey, list[StateBinding]] = field(default_factory=dict)
+    rows: list[int] | None = None
+    controls: list[InlineTensor] | None = None
+    states: dict[RequestKey, list[StateBinding]] | None = None
     error: ShoalError | None = None
 
 
