@@ -55,3 +55,20 @@ def overdue(handle: WorkerHandle, now: float, heartbeat_timeout_s: float,
         return (f"it waited {now - handle.owes_since:.1f} s for {what}, past the execution "
                 f"deadline of {execution_timeout_s:g} s (shoal_execution_timeout_secs)")
     return None
+
+
+class HealthTimer:
+    """When the loop checks its workers' health: every ``period_s``, but not right after the
+    loop itself stalled for more than ``stall_s`` (its own pause is not the workers'
+    silence)."""
+
+    def __init__(self, period_s: float, stall_s: float, now: float) -> None:
+        self.period_s, self.stall_s = period_s, stall_s
+        self.checked_at = now
+
+    def due(self, now: float) -> bool:
+        if now - self.checked_at < self.period_s:
+            return False
+        stalled = now - self.checked_at > self.stall_s
+        self.checked_at = now
+        return not stalled

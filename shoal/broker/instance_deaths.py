@@ -1,16 +1,28 @@
 """What a model instance's death means (docs/architecture.md §6): the error its requests get,
 the requests that end with it (its running batch, its open streams, and what waited for it
-alone), and the slot's restart plan (back-off, or giving up after repeated failures). Pure
-bookkeeping on the runtime and slot; the loop answers the requests and spawns the restart.
+alone), and the slot's restart plan (back-off, or giving up after repeated failures).
+``release_dead_worker`` gives back what the process held (its pidfd, held releases, rate
+limiter resources, arena, the leases its BLS calls held); the loop answers the requests and
+spawns the restart.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
+
+from shoal.broker.dispatcher import Dispatcher, FinishError
+from shoal.broker.frontend_link import BLS_PREFIX, FrontendLink
+from shoal.broker.held_releases import HeldReleases
 from shoal.broker.model_runtime import InstanceSlot, ModelVersionRuntime
-from shoal.broker.pool import WorkerHandle, restart_delay
+from shoal.broker.pool import WorkerHandle, WorkerState, reap, restart_delay
 from shoal.broker.schedulers.base import RequestKey
+from shoal.broker.worker_link import WorkerEntry, WorkerLink
 from shoal.errors import ErrorCode
 from shoal.messages import Error
+from shoal.shm.sweep import remove_segments_with_prefix
+
+logger = logging.getLogger(__name__)
 
 _HEALTHY_AFTER_S = 60.0  # served this long: the failure count starts again
 
@@ -49,4 +61,44 @@ def plan_restart(runtime: ModelVersionRuntime, slot: InstanceSlot, handle: Worke
                                            f"{slot.last_exit}"
         return runtime.serving()
     slot.restart_at = now + restart_delay(slot.failures - 1, served)
+    return True
+
+
+def release_dead_worker(identity: str, workers: WorkerLink, held: HeldReleases,
+                        dispatcher: Dispatcher, frontends: FrontendLink) -> WorkerEntry:
+    """A worker's process exited: forget it and give back what it held; returns what it
+    served (its handle, runtime and slot)."""
+    entry = workers.remove(identity)
+    handle = entry[0]
+    reap(handle, timeout=1.0)
+    held.drop(identity)  # its arena is removed below
+    dispatcher.worker_gone(identity)  # what it held is free; the next tick grants it again
+    remove_segments_with_prefix(handle.spec.arena_prefix)
+    frontends.caller_gone(BLS_PREFIX + identity.encode())  # leases its BLS calls held
+    return entry
+
+
+def end_instance(handle: WorkerHandle, runtime: ModelVersionRuntime, slot: InstanceSlot,
+                 finish_error: FinishError,
+                 fail_queued: Callable[[ModelVersionRuntime, float], None], stopping: bool,
+                 now: float) -> bool:
+    """The dead worker's requests end with its error, the slot is free, and an unexpected
+    death plans the restart (or gives the slot up, failing the version's queue when nothing
+    serves it any more). True when that changed the slot's state (not for an exit that was
+    asked for, at shutdown or for a retiring version)."""
+    expected = handle.state is WorkerState.STOPPING and slot.last_exit == ""
+    description = handle.exit_description()
+    error = death_error(runtime, slot, handle, description)
+    for key in held_by(runtime, slot, handle, now):
+        finish_error(runtime, key, error, "BACKEND", now)
+    handle.state = WorkerState.DEAD
+    if slot.worker is handle:
+        slot.worker = None
+    if stopping or expected or runtime.retiring:
+        return False
+    logger.error("model %s instance %s (pid %d) %s", runtime.name, slot.instance_name,
+                 handle.pid, description)
+    if not plan_restart(runtime, slot, handle, description, now):
+        fail_queued(runtime, now)  # nothing serves the version any more
+    runtime.refresh_state()
     return True

@@ -1,10 +1,12 @@
 """The broker's event loop: one thread over two ROUTER sockets and the workers' pidfds.
 
-Frontends send InferRequests; the loop hands them to the model version's scheduler, dispatches
-batches to idle workers, forwards each Result to the owning frontend, fails the requests of a
-worker that died, and restarts it with back-off. Scheduling decisions are the schedulers' (pure);
-this module only moves messages and keeps time. The sockets live in ``frontend_link`` and
-``worker_link``; what a BatchResult means for the bookkeeping is ``batch_results``.
+Frontends send InferRequests; the loop routes each message to its collaborator and keeps time:
+``intake`` queues requests on their version's scheduling (``schedulers/scheduling.py``, whose
+decisions are pure), ``dispatcher`` sends idle workers their work, ``batch_results`` /
+``stream_results`` say what answers mean, ``answers`` sends them, ``instance_deaths`` /
+``instance_control`` follow the workers' lives (restarts with back-off), ``release_routing``
+returns leases, ``queries`` answers statistics. The sockets live in ``frontend_link`` and
+``worker_link``.
 """
 
 from __future__ import annotations
@@ -16,25 +18,31 @@ from collections.abc import Callable
 
 import zmq
 
+from shoal.broker.answers import Answers
 from shoal.broker.batch_results import batch_outcomes, reschedule, written_states
 from shoal.broker.dispatcher import Dispatcher
 from shoal.broker.ensemble.driver import INTERNAL, EnsembleDriver
-from shoal.broker.frontend_link import BLS_PREFIX, FrontendLink
-from shoal.broker.health import note_progress
+from shoal.broker.frontend_link import FrontendLink
+from shoal.broker.health import HealthTimer, note_progress
 from shoal.broker.held_releases import HeldReleases
-from shoal.broker.instance_deaths import death_error, held_by, plan_restart
+from shoal.broker.instance_control import (
+    kill_unfinished,
+    mark_load_failed,
+    mark_ready,
+    record_heartbeat,
+    stop_everything,
+)
+from shoal.broker.instance_deaths import end_instance, release_dead_worker
 from shoal.broker.intake import RequestIntake
 from shoal.broker.lifecycle.driver import LifecycleDriver
-from shoal.broker.model_runtime import InstanceSlot, ModelVersionRuntime
+from shoal.broker.model_runtime import InstanceSlot, ModelVersionRuntime, earliest_deadline
 from shoal.broker.models import ModelManager
-from shoal.broker.pool import WorkerHandle, WorkerState, reap, spawn_worker
+from shoal.broker.pool import WorkerHandle, WorkerState, spawn_worker
 from shoal.broker.queries import StatsDesk
 from shoal.broker.rate_limiter import RateLimiter
 from shoal.broker.release_routing import ReleaseRouting
-from shoal.broker.schedulers.base import RequestKey
 from shoal.broker.short_wait import wait_briefly
 from shoal.broker.stream_results import stream_answer
-from shoal.broker.trace_stamps import with_stamps
 from shoal.broker.worker_link import WorkerEntry, WorkerLink
 from shoal.errors import ErrorCode
 from shoal.messages import (
@@ -49,7 +57,6 @@ from shoal.messages import (
     Hello,
     InferRequest,
     InferRequestBatch,
-    InferResponse,
     Lease,
     LoadModel,
     LogLevel,
@@ -63,11 +70,9 @@ from shoal.messages import (
     UnloadModel,
     WorkerLoadFailed,
     WorkerReady,
-    WorkerShutdown,
     WorkerSpec,
 )
 from shoal.settings import Settings
-from shoal.shm.sweep import remove_segments_with_prefix
 
 logger = logging.getLogger(__name__)
 
@@ -94,6 +99,8 @@ class BrokerLoop:
         self.context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self.frontends = FrontendLink(self.context, f"ipc://{settings.runtime_dir}/frontend.sock",
                                       self.forward_releases)
+        self.answers = Answers(self.frontends)
+        self.answer, self.finish_error = self.answers.answer, self.answers.finish_error
         self.worker_endpoint = f"ipc://{settings.runtime_dir}/worker.sock"
         self.poller = zmq.Poller()
         self.poller.register(self.frontends.socket, zmq.POLLIN)
@@ -105,7 +112,7 @@ class BrokerLoop:
         self.spawn_counter = 0
         self.stopping = False
         self.log_level: LogLevel | None = None  # the logging API's last change, for new workers
-        self.health_checked_at = time.monotonic()
+        self.health = HealthTimer(_HEALTH_PERIOD_S, _MAX_WAIT_S + 1.0, time.monotonic())
         self.lifecycle_due = 0.0  # 0: run the lifecycle on the next pass
         self.wake_by: float | None = None  # set by settle(); None: settle before polling
         self.lifecycle_deadline: float | None = None  # its next deadline, as of its last run
@@ -191,20 +198,9 @@ class BrokerLoop:
 
     def next_deadline(self, now: float) -> float:
         """When the loop must wake at the latest, as of ``now`` (monotonic seconds)."""
-        deadline = now + _MAX_WAIT_S
-        if self.lifecycle_deadline is not None:
-            deadline = min(deadline, self.lifecycle_deadline)
-        scrape_deadline = self.stats.next_deadline()
-        if scrape_deadline is not None:
-            deadline = min(deadline, scrape_deadline)
-        for runtime in self.models.runtimes():
-            d = runtime.scheduling.deadline(now)
-            if d is not None:
-                deadline = min(deadline, d)
-            for slot in runtime.instances:
-                if slot.restart_at is not None:
-                    deadline = min(deadline, slot.restart_at)
-        return deadline
+        others = (self.lifecycle_deadline, self.stats.next_deadline(), now + _MAX_WAIT_S)
+        return earliest_deadline(self.models.runtimes(), now,
+                                 min(d for d in others if d is not None))
 
     def tick(self, now: float) -> None:
         for runtime in self.models.runtimes():
@@ -274,10 +270,6 @@ class BrokerLoop:
         """Leases their holders gave back (``release_routing``)."""
         self.releases.forward(leases)
 
-    def answer(self, identity: bytes, response: InferResponse) -> None:
-        """Queue a terminal answer; flush_answers sends it at the end of this loop pass."""
-        self.frontends.answer(identity, response)
-
     def flush_answers(self) -> None:
         now = time.monotonic()
         # answers to ensemble steps feed their runs, which may answer more (bounded by the DAG)
@@ -297,11 +289,7 @@ class BrokerLoop:
                           message: Message, now: float) -> None:
         handle, runtime, slot = entry
         if isinstance(message, Heartbeat):
-            handle.heartbeat_at = now
-            if message.custom_metrics is not None:
-                handle.custom_metrics = message.custom_metrics
-            if message.llm is not None:
-                handle.llm = message.llm
+            record_heartbeat(handle, message, now)
         elif isinstance(message, CustomMetricsSnapshot):
             handle.custom_metrics = message.custom_metrics
             self.stats.on_snapshot(handle.identity, message)
@@ -313,25 +301,14 @@ class BrokerLoop:
             for response in message.responses:
                 self.on_stream_response(handle, runtime, response, now)
         elif isinstance(message, WorkerReady):
-            if self.stopping or runtime.retiring:  # it connected after the shutdown began
-                handle.state = WorkerState.STOPPING
-                self.workers.send(handle.identity, WorkerShutdown("server exiting"))
+            if not mark_ready(handle, runtime, slot, now, self.workers,
+                              self.stopping or runtime.retiring, self.log_level):
                 return
-            handle.state, handle.ready_at = WorkerState.IDLE, now
-            slot.ever_ready, slot.last_exit = True, ""
-            if self.log_level is not None:  # the logging API changed the level since it started
-                self.workers.send_control(handle.identity, self.log_level)
-            logger.info("model %s version %d instance %s ready (pid %d)", runtime.name,
-                        runtime.version, slot.instance_name, handle.pid)
-            runtime.refresh_state()
             self.snapshot_dirty = True
             self.lifecycle_due = 0.0  # a loading generation may be ready now
             self.dispatcher.dispatch(runtime, now)
-        elif isinstance(message, WorkerLoadFailed):
-            slot.last_exit = f"failed to load: {message.message}"
-            runtime.reason = f"model instance '{slot.instance_name}' failed to load: " \
-                             f"{message.message}"
-            handle.state = WorkerState.STOPPING  # it exits by itself; on_worker_exit follows
+        elif isinstance(message, WorkerLoadFailed):  # it exits by itself; on_worker_exit follows
+            mark_load_failed(handle, runtime, slot, message.message)
 
     def on_batch_result(self, handle: WorkerHandle, runtime: ModelVersionRuntime,
                         message: BatchResult, now: float) -> None:
@@ -352,7 +329,7 @@ class BrokerLoop:
             if frontend == INTERNAL:  # an ensemble step: its durations count there too
                 self.ensembles.on_step_timings(key[1], message.timings,
                                                step_queued.get(key[1], 0))
-            self.deliver(runtime, key, frontend, response)
+            self.answers.deliver(runtime, key, frontend, response)
         note_progress(handle, now)  # after batch_outcomes: decoupled requests left open owe more
         self.dispatcher.dispatch(runtime, now)
 
@@ -364,69 +341,22 @@ class BrokerLoop:
         elif outcome is not None:  # its request already ended: the memory goes back
             self.forward_releases([outcome])
 
-    def deliver(self, runtime: ModelVersionRuntime, key: RequestKey, frontend: bytes,
-                response: InferResponse) -> None:
-        if runtime.orderer is None:
-            self.answer(frontend, response)
-            return
-        for ready_key, ready in runtime.orderer.complete(key, response):
-            self.answer(ready_key[0], ready)
-
-    def finish_error(self, runtime: ModelVersionRuntime, key: RequestKey, error: Error,
-                     reason: str | None, now: float) -> None:
-        """End the request with ``error``, a failure counted under ``reason`` (None: not
-        counted, a request its scheduler refused on arrival)."""
-        pending = runtime.forget(key)
-        if pending is None:
-            return
-        if reason is not None:
-            runtime.stats.record_failure(int((now - pending.arrival) * 1e9), reason)
-        response = InferResponse(key[1], error=error)
-        if pending.trace is not None:
-            response = with_stamps(response, pending.trace)
-        if runtime.orderer is not None and pending.dispatched:
-            self.deliver(runtime, key, pending.frontend, response)
-        else:
-            self.answer(pending.frontend, response)
-
     def on_worker_exit(self, identity: str) -> None:
         now = time.monotonic()
-        handle, runtime, slot = self.workers.remove(identity)
-        reap(handle, timeout=1.0)
-        self.held_releases.drop(identity)  # its arena is removed below
-        self.dispatcher.worker_gone(identity)  # what it held is free; tick grants it again
-        expected = handle.state is WorkerState.STOPPING and slot.last_exit == ""
-        description = handle.exit_description()
-        remove_segments_with_prefix(handle.spec.arena_prefix)
-        self.frontends.caller_gone(BLS_PREFIX + identity.encode())  # leases its BLS calls held
-        error = death_error(runtime, slot, handle, description)
-        for key in held_by(runtime, slot, handle, now):
-            self.finish_error(runtime, key, error, "BACKEND", now)
-        handle.state = WorkerState.DEAD
-        self.stats.worker_gone(handle.identity)
+        handle, runtime, slot = release_dead_worker(identity, self.workers, self.held_releases,
+                                                    self.dispatcher, self.frontends)
+        restarting = end_instance(handle, runtime, slot, self.finish_error, self.fail_queued,
+                                  self.stopping, now)
+        self.stats.worker_gone(identity)
         self.lifecycle_due = 0.0  # a load may have failed, a drained version may be gone
-        if slot.worker is handle:
-            slot.worker = None
-        if self.stopping or expected or runtime.retiring:
-            return
-        logger.error("model %s instance %s (pid %d) %s", runtime.name, slot.instance_name,
-                     handle.pid, description)
-        if not plan_restart(runtime, slot, handle, description, now):
-            self.fail_queued(runtime, now)  # nothing serves the version any more
-        runtime.refresh_state()
-        self.snapshot_dirty = True
+        if restarting:
+            self.snapshot_dirty = True
 
     def check_health(self, now: float) -> None:
         """Every _HEALTH_PERIOD_S: kill every worker that is silent or overdue (health.py); its
-        exit then fails what it held and restarts it with back-off. Skipped right after this loop
-        itself stalled (its own pause is not the workers' silence)."""
-        if now - self.health_checked_at < _HEALTH_PERIOD_S:
-            return
-        stalled = now - self.health_checked_at > _MAX_WAIT_S + 1.0
-        self.health_checked_at = now
-        if stalled or self.stopping:
-            return
-        self.workers.kill_overdue(now, self.settings.worker_heartbeat_timeout_secs)
+        exit then fails what it held and restarts it with back-off."""
+        if self.health.due(now) and not self.stopping:
+            self.workers.kill_overdue(now, self.settings.worker_heartbeat_timeout_secs)
 
     def fail_queued(self, runtime: ModelVersionRuntime, now: float, message: str = "") -> None:
         error = Error(ErrorCode.UNAVAILABLE, message or
@@ -444,31 +374,15 @@ class BrokerLoop:
         self.stopping = self.frontends.stopping = self.intake.stopping = True
         self.wake_by = None  # called between passes: the next one settles first
         self.lifecycle.shutdown()
-        now = time.monotonic()
-        for runtime in self.models.runtimes():
-            error = Error(ErrorCode.UNAVAILABLE, "Server exiting")
-            for key in runtime.drain_queue():
-                self.finish_error(runtime, key, error, "OTHER", now)
-            for slot in runtime.instances:
-                slot.restart_at = None
-        for identity, (handle, _runtime, _slot) in self.workers.entries.items():
-            if handle.state is not WorkerState.DEAD:
-                loading = handle.state is WorkerState.LOADING
-                handle.state = WorkerState.STOPPING
-                if not loading:  # a loading worker is told when its WorkerReady arrives
-                    self.workers.send(identity, WorkerShutdown("server exiting"))
+        stop_everything(self.models.runtimes(), self.workers, self.finish_error,
+                        time.monotonic())
         self.snapshot_dirty = True
 
     def workers_alive(self) -> bool:
         return bool(self.workers.entries)
 
     def kill_remaining(self) -> None:
-        for identity in list(self.workers.entries):
-            handle = self.workers.entries[identity][0]
-            if handle.process.poll() is None:
-                logger.warning("worker %s did not exit in time; killing it",
-                               handle.spec.instance_name)
-                handle.process.kill()
+        for identity in kill_unfinished(self.workers):
             self.on_worker_exit(identity)
 
     def close(self) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -263,6 +263,21 @@ class ModelVersionRuntime:
 
     def gave_up_on(self, slot: InstanceSlot) -> bool:
         return slot.failures >= _MAX_LOAD_FAILURES
+
+
+def earliest_deadline(runtimes: Iterable[ModelVersionRuntime], now: float,
+                      latest: float) -> float:
+    """The earliest time at or before ``latest`` at which a version's scheduling (a queue
+    delay, a timeout) or a slot's restart timer needs the loop (monotonic seconds)."""
+    deadline = latest
+    for runtime in runtimes:
+        d = runtime.scheduling.deadline(now)
+        if d is not None:
+            deadline = min(deadline, d)
+        for slot in runtime.instances:
+            if slot.restart_at is not None:
+                deadline = min(deadline, slot.restart_at)
+    return deadline
 
 
 def build_runtime(source: ModelSource, version: int, settings: Settings, serial: int = 0
