@@ -94,3 +94,52 @@ def test_a_metrics_scrape_asks_each_serving_worker(tmp_path: pathlib.Path) -> No
         assert reply.error is None
         (worker,) = harness.workers
         assert any(isinstance(m, CollectCustomMetrics) for m in worker.control)
+
+
+SLOW_QUEUE = """
+    name: "slow"
+    backend: "python"
+    max_batch_size: 8
+    input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]
+    output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]
+    dynamic_batching { max_queue_delay_microseconds: 2000000 preferred_batch_size: [ 8 ] }
+"""
+
+SEQUENCE = """
+    name: "seq"
+    backend: "python"
+    max_batch_size: 0
+    input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]
+    output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]
+    sequence_batching { max_sequence_idle_microseconds: 5000000 }
+    instance_group [ { count: 2 kind: KIND_CPU } ]
+"""
+
+
+def test_a_queued_request_cancelled_never_reaches_a_worker(tmp_path: pathlib.Path) -> None:
+    with broker(tmp_path, {"slow": SLOW_QUEUE}) as harness:
+        harness.wait_ready("slow")
+        queued = harness.infer("slow")  # waits up to 2 s for a batch of 8
+        harness.cancel(queued)
+        answer = harness.answers(1)[queued]
+        assert answer.error is not None and answer.error.code is ErrorCode.CANCELLED
+        assert harness.workers[0].batches == []
+
+
+def test_a_sequence_stays_on_one_instance(tmp_path: pathlib.Path) -> None:
+    start, end = 1, 2  # TRITONSERVER_REQUEST_FLAG_SEQUENCE_START / _END
+    with broker(tmp_path, {"seq": SEQUENCE}) as harness:
+        harness.wait_ready("seq")
+        for correlation in (11, 22):
+            flags = [start, 0, 0, end]
+            for flag in flags:
+                harness.infer("seq", correlation_id=correlation, flags=flag)
+                harness.answers(1)
+        ran: dict[int, set[str]] = {}
+        for worker in harness.workers:
+            for batch in worker.batches:
+                for request in batch.requests:
+                    ran.setdefault(int(request.correlation_id), set()).add(
+                        worker.spec.instance_name)
+        assert sorted(ran) == [11, 22]
+        assert all(len(instances) == 1 for instances in ran.values())
