@@ -12,6 +12,7 @@ import signal
 import sys
 import time
 
+from shoal.process.log_escape import EscapeControlCharacters
 from shoal.settings import Settings, WorkerSettings
 from shoal.shm.sweep import (
     LEAVE_WAIT_S,
@@ -74,6 +75,7 @@ def setup_logging(settings: ProcessSettings, role: str) -> None:
     else:
         formatter = logging.Formatter(line)
     handler.setFormatter(formatter)
+    handler.addFilter(EscapeControlCharacters())  # client strings cannot forge lines
     logging.basicConfig(level=log_level(settings.log_verbose, settings.log_info,
                                         settings.log_warning, settings.log_error),
                         handlers=[handler])
