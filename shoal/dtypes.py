@@ -15,7 +15,7 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
-from shoal.errors import invalid_arg
+from shoal.errors import ErrorCode, ShoalError, invalid_arg
 
 DATATYPES: Final = (
     "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
@@ -113,16 +113,30 @@ def torch_dtype(datatype: str) -> object:
 _LEN = struct.Struct("<I")
 
 
+def bytes_element(item: object) -> bytes:
+    """One BYTES element's bytes: bytes as they are, str in UTF-8, anything else with a string
+    form of its own as that text (Triton's ``serialize_byte_tensor``: numbers become their
+    text). An element whose only string form is ``object``'s default (``<X object at
+    0x7f...>``) is INTERNAL: it would send a memory address to the client."""
+    if isinstance(item, bytes):
+        return item
+    if isinstance(item, bytearray | memoryview):
+        return bytes(item)
+    if isinstance(item, str):
+        return item.encode("utf-8")
+    kind = type(item)
+    if kind.__str__ is object.__str__ and kind.__repr__ is object.__repr__:
+        raise ShoalError(ErrorCode.INTERNAL, (
+            f"a BYTES element of type '{kind.__name__}' has no string form of its own (its "
+            "default one would send a memory address); give bytes, str or numbers"))
+    return str(item).encode("utf-8")
+
+
 def serialize_bytes(items: Iterable[object]) -> bytes:
-    """Elements (bytes, str, or anything str()-able, in row-major order) -> BYTES wire framing."""
+    """Elements (``bytes_element`` each, in row-major order) -> BYTES wire framing."""
     parts: list[bytes] = []
     for item in items:
-        if isinstance(item, bytes | bytearray | memoryview):
-            data = bytes(item)
-        elif isinstance(item, str):
-            data = item.encode("utf-8")
-        else:
-            data = str(item).encode("utf-8")
+        data = bytes_element(item)
         parts.append(_LEN.pack(len(data)))
         parts.append(data)
     return b"".join(parts)

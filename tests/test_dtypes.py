@@ -80,3 +80,25 @@ def test_torch_dtypes_cover_every_fixed_size_type() -> None:
         tdt = dtypes.torch_dtype(wire)
         assert isinstance(tdt, torch.dtype)
         assert torch.empty(0, dtype=tdt).element_size() == dtypes.element_size(wire)
+
+
+def test_bytes_elements_with_their_own_text_are_sent_as_it() -> None:
+    from shoal.dtypes import deserialize_bytes, serialize_bytes
+
+    class Named:
+        def __str__(self) -> str:
+            return "named"
+
+    framed = serialize_bytes([b"raw", "text", 7, 2.5, True, np.int64(3), Named()])
+    assert deserialize_bytes(framed) == [b"raw", b"text", b"7", b"2.5", b"True", b"3",
+                                         b"named"]
+
+
+def test_a_bytes_element_with_only_a_default_repr_is_refused() -> None:
+    from shoal.dtypes import serialize_bytes
+    from shoal.errors import ErrorCode, ShoalError
+
+    with pytest.raises(ShoalError) as caught:
+        serialize_bytes([b"ok", object()])
+    assert caught.value.code is ErrorCode.INTERNAL
+    assert "'object'" in caught.value.message and "0x" not in caught.value.message

@@ -160,11 +160,4 @@ def _write_bytes_elements(dest: memoryview, elements: list[object]) -> int:
     return total
 
 
-def _encode_element(item: object) -> bytes:
-    if isinstance(item, bytes):
-        return item
-    if isinstance(item, bytearray | memoryview):
-        return bytes(item)
-    if isinstance(item, str):
-        return item.encode("utf-8")
-    return str(item).encode("utf-8")
+_encode_element = dtypes.bytes_element
