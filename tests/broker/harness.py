@@ -41,6 +41,7 @@ from shoal.messages import (
     InferResponse,
     InferResponseBatch,
     Message,
+    ModelVersionState,
     RepositorySnapshot,
     Result,
     StatsReply,
@@ -188,12 +189,13 @@ class BrokerHarness:
     # ------------------------------------------------------------------ what tests call
 
     def wait_ready(self, model: str, timeout: float = 10.0) -> None:
-        """Until a repository snapshot shows ``model`` serving."""
+        """Until a repository snapshot shows ``model`` READY (every instance loaded)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             message = self.next_message(deadline - time.monotonic())
             if isinstance(message, RepositorySnapshot) and any(
-                    v.name == model and v.serving for v in message.models):
+                    v.name == model and v.state is ModelVersionState.READY
+                    for v in message.models):
                 return
         raise AssertionError(f"model {model} did not become ready")
 

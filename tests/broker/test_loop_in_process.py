@@ -133,8 +133,8 @@ def test_a_sequence_stays_on_one_instance(tmp_path: pathlib.Path) -> None:
         for correlation in (11, 22):
             flags = [start, 0, 0, end]
             for flag in flags:
-                harness.infer("seq", correlation_id=correlation, flags=flag)
-                harness.answers(1)
+                sent = harness.infer("seq", correlation_id=correlation, flags=flag)
+                assert harness.answers(1)[sent].error is None
         ran: dict[int, set[str]] = {}
         for worker in harness.workers:
             for batch in worker.batches:
