@@ -16,6 +16,7 @@ import math
 import time
 from collections.abc import Callable
 
+import msgspec
 import zmq
 
 from shoal.broker.answers import Answers
@@ -142,6 +143,8 @@ class BrokerLoop:
     def spawn(self, runtime: ModelVersionRuntime, slot: InstanceSlot, now: float) -> None:
         self.spawn_counter += 1
         spec = self.models.worker_spec(runtime, slot, self.spawn_counter, self.worker_endpoint)
+        if self.log_level is not None:  # the logging API changed it: the worker starts at it
+            spec = msgspec.structs.replace(spec, log_level=self.log_level.level)
         handle = self.spawn_worker(spec, now)
         slot.worker, slot.restart_at = handle, None
         self.workers.add(handle, runtime, slot)

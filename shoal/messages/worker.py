@@ -236,3 +236,6 @@ class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
     # The server's default intra-op thread count for this CPU instance (broker/thread_policy.py);
     # 0: none (accelerator instances). Backends apply it unless the model names a count.
     intra_op_threads: int = 0
+    # The logging API's last change before this spawn, as a Python logging level (0: none, the
+    # settings' flags hold): applied before the worker serves, so its first batch logs at it.
+    log_level: int = 0

@@ -350,6 +350,8 @@ def main(argv: list[str] | None = None) -> int:
     spec = msgspec.json.decode(args[0], type=WorkerSpec)
     settings = spec.settings
     setup_logging(settings, f"worker {spec.instance_name}")
+    if spec.log_level:  # the logging API's change before this spawn
+        logging.getLogger().setLevel(spec.log_level)
     hold_instance_lock(settings)  # before any segment: a sweep must see this instance live
     die_with_parent(STOP_SIGNAL)
     return run_worker(spec, settings)
