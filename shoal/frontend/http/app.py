@@ -41,6 +41,7 @@ from shoal.frontend.http.generate import GenerateHandler
 from shoal.frontend.http.infer import InferHandler, read_body
 from shoal.frontend.http.jsonparse import parse_json_object
 from shoal.frontend.http.openai_api.routes import OpenAiApi
+from shoal.frontend.http.openapi import openapi_route
 from shoal.frontend.http.restricted import ApiRoute, gate_routes
 from shoal.frontend.http.shared_memory import SharedMemoryApi
 from shoal.frontend.http.trace_api import TraceApi
@@ -280,6 +281,7 @@ def create_app(
     tracer = tracer or Tracer(TraceConfig.from_triples(settings.trace_config))
     routes = [*extra_routes, *_routes(api, infer),
               *TraceApi(dataplane, tracer, settings.http_max_input_size).routes(guarded)]
+    routes.append(openapi_route(routes))  # GET /v2/openapi.json: the document of this table
     gate_routes(routes, RestrictedApis(settings.http_restricted_apis))
     app = Starlette(
         routes=routes,
