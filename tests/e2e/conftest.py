@@ -55,16 +55,19 @@ def serving(srv: ShoalServer, timeout: float = 60.0) -> Iterator[ShoalServer]:
         _assert_clean_after(srv, segments_before, procs_before)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def server(standard_repo: pathlib.Path) -> Iterator[ShoalServer]:
-    """One server over the standard repository, shared by a module's tests (``serving``)."""
+    """One server over the standard repository, shared by every module that asks for it (in
+    each pytest-xdist process; ``serving``). Its tests must leave it as they found it: read
+    statistics as deltas, put changed log or trace settings back, kill no process of it."""
     with serving(ShoalServer([str(standard_repo)])) as srv:
         yield srv
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def shm_server(standard_repo: pathlib.Path) -> Iterator[ShoalServer]:
-    """Like ``server``, with client shared memory allowed (--allow-client-shm)."""
+    """Like ``server``, with client shared memory allowed (--allow-client-shm); shared the same
+    way, so its tests unregister the regions they register."""
     with serving(ShoalServer([str(standard_repo)], ["--allow-client-shm=true"])) as srv:
         yield srv
 

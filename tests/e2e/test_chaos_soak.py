@@ -1,7 +1,7 @@
-"""The chaos soak's 45-second version (the soaks themselves are benchmarks: ``make bench-chaos``
+"""The chaos soak's 20-second version (the soaks themselves are benchmarks: ``make bench-chaos``
 runs 30 minutes, ``python -m bench.chaos_soak --minutes 2 --no-write`` the 2-minute one this test
 used to be): 32 clients mixing HTTP JSON, HTTP binary, gRPC, system shared memory and gRPC
-streams while workers are SIGKILLed or SIGSTOPped every ~5 s and a model is reloaded every 15 s.
+streams while workers are SIGKILLed or SIGSTOPped every ~3 s and a model is reloaded every 8 s.
 Every request gets exactly one answer, none comes after its deadline, every success is correct,
 the long-lived processes' RSS and the server's /dev/shm stay flat, and nothing survives the
 stop."""
@@ -16,13 +16,13 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.mark.timeout(300)
-def test_chaos_for_45_seconds() -> None:
-    report = run_soak(minutes=0.75, clients=32, chaos_every_s=5.0, reload_every_s=15.0)
+def test_chaos_for_20_seconds() -> None:
+    report = run_soak(minutes=1 / 3, clients=32, chaos_every_s=3.0, reload_every_s=8.0)
     text = render(report, "tests/e2e/test_chaos_soak.py")
     tally = report.tally
     assert not tally.violations, text
     assert set(tally.answers) == {1}, text  # exactly one answer per request
-    assert sum(tally.answers.values()) > 1000, text
+    assert sum(tally.answers.values()) > 400, text
     assert report.actions["reload"] >= 2 and report.actions["SIGKILL"] + \
         report.actions["SIGSTOP"] >= 6, text
     assert report.exit_code == 0 and not report.orphans, text
