@@ -35,6 +35,8 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     log_warning: bool = True
     log_error: bool = True
     log_format: str = "default"
+    # --client-shm-allow-foreign-owner: map client objects another uid owns (shm/client_regions)
+    client_shm_allow_foreign_owner: bool = False
 
     @property
     def segment_prefix(self) -> str:
@@ -128,6 +130,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     allow_client_shm: bool = False
     client_shm_max_regions: int = 1024
     client_shm_max_bytes: int = 64 * 1024 * 1024 * 1024
+    # register and map client objects another uid owns (off: only the server's own uid's,
+    # shm/object_identity.py)
+    client_shm_allow_foreign_owner: bool = False
     grpc_address: str = "0.0.0.0"
     allow_grpc: bool = True
     # restricted APIs (frontend/restricted.py): (category, header key, value) per restricted
@@ -194,4 +199,5 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             shm_arena_max_bytes=self.shm_arena_max_bytes,
             backend_directory=self.backend_directory, backend_config=self.backend_config,
             log_verbose=self.log_verbose, log_info=self.log_info, log_warning=self.log_warning,
-            log_error=self.log_error, log_format=self.log_format)
+            log_error=self.log_error, log_format=self.log_format,
+            client_shm_allow_foreign_owner=self.client_shm_allow_foreign_owner)

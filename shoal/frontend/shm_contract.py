@@ -44,9 +44,14 @@ class SharedMemoryRegistry(Protocol):
     space, status/unregister see one kind each; every offset and size is checked with
     overflow-safe arithmetic; at register time a system object's real size (fstat) must cover
     offset + byte_size; internal segments (``/shoal-`` keys) can never be registered and their
-    names never appear in errors; caps on region count (both kinds) and mapped bytes (system);
-    a region used by an in-flight request is not unmapped (CUDA: not forgotten) until that
-    request ends (unregister is deferred); errors name the region and the tensor.
+    names never appear in errors; a system registration is of one object, by identity (st_dev,
+    st_ino): it must have one link, be none of the server's segments and (unless
+    --client-shm-allow-foreign-owner) be owned by the server's uid, and every use refuses the
+    request, naming the region, unless its key still names that very object; references carry
+    the identity so the worker maps only it (``shm/object_identity.py``); caps on region
+    count (both kinds) and mapped bytes (system); a region used by an in-flight request is
+    not unmapped (CUDA: not forgotten) until that request ends (unregister is deferred);
+    errors name the region and the tensor.
     Single-threaded: the frontend's event loop."""
 
     def register(self, name: str, key: str, offset: int, byte_size: int) -> None: ...

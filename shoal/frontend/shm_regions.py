@@ -11,13 +11,15 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from shoal.messages import CudaHandle
+from shoal.shm.object_identity import ObjectIdentity
 
 
 @dataclass(eq=False)
 class SystemRegion:
     """One system registration. ``fd`` is the client's object, opened at register time and kept
     open so that every check fstats the very object that was registered. The frontend never
-    maps it (no SIGBUS surface here); workers map it by ``object_name``."""
+    maps it (no SIGBUS surface here); workers open it by ``object_name`` and map it only if it
+    is ``identity``."""
 
     kind: ClassVar[str] = "system"
     name: str
@@ -26,7 +28,10 @@ class SystemRegion:
     offset: int
     byte_size: int
     fd: int
-    object_id: int  # the object's inode number: workers map only this object (TensorRef)
+    # the object's (st_dev, st_ino) from ``fd``: every use checks that the key still names it,
+    # and workers map only this object (TensorRef.object_dev / object_id)
+    identity: ObjectIdentity
+    path: str  # the object's file in the shm directory (re-checked by name at every use)
     users: set[int] = field(default_factory=set)  # request ids using it now
     unregistered: bool = False
 

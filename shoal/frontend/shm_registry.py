@@ -9,16 +9,17 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
-from typing import Final, TypeVar
+from typing import TypeVar
 
 from shoal import dtypes
 from shoal.errors import ErrorCode, ShoalError, invalid_arg, not_found, unavailable, unsupported
 from shoal.frontend.core.shm_checks import (
     check_bytes_framing,
     check_region_name,
+    current_object,
     object_size,
-    object_size_and_inode,
     open_client_object,
+    registered_object,
     validated_key_body,
 )
 from shoal.frontend.shm_contract import DISABLED_MESSAGE
@@ -28,10 +29,9 @@ from shoal.frontend.shm_regions import CudaRegion, Registration, SystemRegion
 from shoal.messages import ClientRegion, CudaHandle, OutputTarget, TensorRef
 from shoal.settings import Settings
 from shoal.shm.cuda_ipc import IPC_HANDLE_BYTES
+from shoal.shm.object_identity import SHM_DIRECTORY, ObjectIdentity
 
 logger = logging.getLogger(__name__)
-
-SHM_DIRECTORY: Final = "/dev/shm"  # where Linux (glibc shm_open) keeps POSIX shm objects
 
 _Kind = TypeVar("_Kind", SystemRegion, CudaRegion)
 
@@ -58,14 +58,23 @@ class ClientSharedMemoryRegistry:
     per unregister / release / close, with each handle no live registration still names), which
     tells the workers to unmap it. Each registration that is taken, and each that ends, is
     reported (``on_registered`` / ``on_unregistered``: the broker keeps them for a frontend
-    that replaces this one after a crash, see ``restore``). Threads: the frontend's event loop
-    only; nothing here blocks (opens are O_NONBLOCK)."""
+    that replaces this one after a crash, see ``restore``). A system registration records its
+    object's identity; every use checks that its key still names that object
+    (``shm_checks.current_object``) and every reference carries it to the worker that maps
+    it. ``euid`` / ``stat_of``: parameters for tests (the owner allowed, default this
+    process's effective uid; the fstat used at registration). Threads: the frontend's event
+    loop only; nothing here blocks (opens are O_NONBLOCK)."""
 
     def __init__(self, settings: Settings, shm_directory: str = SHM_DIRECTORY,
                  on_cuda_forget: Callable[[list[CudaHandle]], None] = _no_forget,
                  on_registered: Callable[[ClientRegion], None] = _no_report,
-                 on_unregistered: Callable[[str], None] = _no_report_end) -> None:
+                 on_unregistered: Callable[[str], None] = _no_report_end, *,
+                 euid: int | None = None,
+                 stat_of: Callable[[int], os.stat_result] = os.fstat) -> None:
         self._enabled = settings.allow_client_shm
+        self._allow_foreign_owner = settings.client_shm_allow_foreign_owner
+        self._euid = euid
+        self._stat_of = stat_of
         # registrations live in one frontend process: with several behind one port, a client's
         # next connection may reach a frontend that never saw its region
         self._single_frontend = settings.http_workers <= 1
@@ -89,8 +98,9 @@ class ClientSharedMemoryRegistry:
     # ------------------------------------------------------------------ registration
 
     def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
-        self._register_system(name, key, offset, byte_size)
-        self._on_registered(ClientRegion(name, key, offset, byte_size))
+        identity = self._register_system(name, key, offset, byte_size)
+        self._on_registered(ClientRegion(name, key, offset, byte_size, object_dev=identity.dev,
+                                         object_ino=identity.ino))
 
     def register_cuda(self, name: str, raw_handle: bytes, device_id: int, byte_size: int,
                       device_count: int) -> None:
@@ -99,13 +109,18 @@ class ClientSharedMemoryRegistry:
 
     def restore(self, region: ClientRegion) -> None:
         if region.cuda is None:
-            self._register_system(region.name, region.key, region.offset, region.byte_size)
+            expected = ObjectIdentity(region.object_dev, region.object_ino)
+            self._register_system(region.name, region.key, region.offset, region.byte_size,
+                                  expected if region.object_ino else None)
             return
         cuda = region.cuda
         self._register_cuda(region.name, cuda.raw_handle, cuda.device_id, cuda.byte_size,
                             cuda.device_id + 1)
 
-    def _register_system(self, name: str, key: str, offset: int, byte_size: int) -> None:
+    def _register_system(self, name: str, key: str, offset: int, byte_size: int,
+                         expected: ObjectIdentity | None = None) -> ObjectIdentity:
+        """Open, check and record a system registration; its object's identity. ``expected``
+        (a restore): the key must still name that very object."""
         self._check_registration(name, "system")
         body = validated_key_body(name, key)
         if offset < 0 or byte_size <= 0:
@@ -113,7 +128,13 @@ class ClientSharedMemoryRegistry:
                               "must be positive and 'offset' must not be negative")
         fd = open_client_object(self._directory, name, key, body)
         try:
-            size, object_id = object_size_and_inode(fd, name, key)
+            info = registered_object(fd, name, key, self._directory,
+                                     allow_foreign_owner=self._allow_foreign_owner,
+                                     euid=self._euid, stat_of=self._stat_of)
+            identity, size = ObjectIdentity.of(info), info.st_size
+            if expected is not None and identity != expected:
+                raise invalid_arg(f"shared memory region '{name}' is no longer the object that "
+                                  "was registered (its key now names another one)")
             if byte_size > size or offset > size - byte_size:
                 raise invalid_arg(
                     f"failed to register shared memory region '{name}': offset {offset} + "
@@ -123,10 +144,12 @@ class ClientSharedMemoryRegistry:
         except BaseException:
             os.close(fd)
             raise
-        self._regions[name] = SystemRegion(name, key, "/" + body, offset, byte_size, fd, object_id)
+        self._regions[name] = SystemRegion(name, key, "/" + body, offset, byte_size, fd,
+                                           identity, os.path.join(self._directory, body))
         self._open_bytes += byte_size
         logger.info("registered system shared memory region %r: key %r, offset %d, %d bytes",
                     name, key, offset, byte_size)
+        return identity
 
     def _register_cuda(self, name: str, raw_handle: bytes, device_id: int, byte_size: int,
                        device_count: int) -> CudaHandle:
@@ -182,7 +205,8 @@ class ClientSharedMemoryRegistry:
             return TensorRef(tensor, datatype, list(shape), "", offset, byte_size,
                              cuda=found.handle)
         return TensorRef(tensor, datatype, list(shape), found.object_name,
-                         found.offset + offset, byte_size, object_id=found.object_id)
+                         found.offset + offset, byte_size, object_id=found.identity.ino,
+                         object_dev=found.identity.dev)
 
     def resolve_output(self, request_id: int, region: str, offset: int, byte_size: int,
                        tensor: str) -> OutputTarget:
@@ -191,7 +215,7 @@ class ClientSharedMemoryRegistry:
         if isinstance(found, CudaRegion):
             return OutputTarget("", offset, byte_size, cuda=found.handle)
         return OutputTarget(found.object_name, found.offset + offset, byte_size,
-                            object_id=found.object_id)
+                            object_id=found.identity.ino, object_dev=found.identity.dev)
 
     def read_system(self, request_id: int, object_name: str, offset: int,
                     nbytes: int) -> bytes | None:
@@ -308,7 +332,8 @@ class ClientSharedMemoryRegistry:
     def _checked_slice(self, region: str, offset: int, byte_size: int,
                        what: str) -> Registration:
         """The registered region named ``region`` after checking that [offset, +byte_size)
-        lies inside the registration and, for a system object, right now inside its size."""
+        lies inside the registration and, for a system object, that its key still names the
+        registered object (``current_object``) and the slice lies right now inside its size."""
         self._check_enabled()
         found = self._regions.get(region)
         if found is None:
@@ -323,7 +348,9 @@ class ClientSharedMemoryRegistry:
                 f"{what} is past the end of the region ({found.byte_size} bytes)")
         if isinstance(found, SystemRegion):
             end = found.offset + offset + byte_size
-            size = object_size(found.fd, region, found.key)
+            size = current_object(found.path, found.fd, region, found.key, found.identity,
+                                  allow_foreign_owner=self._allow_foreign_owner,
+                                  euid=self._euid).st_size
             if size < end:
                 raise invalid_arg(
                     f"shared memory region '{region}' used by {what} was truncated: its object "

@@ -109,13 +109,17 @@ class Hello(msgspec.Struct, frozen=True, array_like=True):
 class ClientRegion(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
     """A client shared-memory registration (Triton's system or CUDA shm extension) as the
     frontend that took it holds it. System: ``key`` names the client's POSIX object, the region
-    is ``[offset, +byte_size)`` of it. CUDA: ``cuda`` is the allocation (``key`` empty)."""
+    is ``[offset, +byte_size)`` of it, and ``object_dev`` / ``object_ino`` the identity of the
+    object registered (a frontend that takes the registration over after a restart serves only
+    that object). CUDA: ``cuda`` is the allocation (``key`` empty)."""
 
     name: str
     key: str = ""
     offset: int = 0
     byte_size: int = 0
     cuda: CudaHandle | None = None
+    object_dev: int = 0
+    object_ino: int = 0
 
 
 class RegionRegistered(msgspec.Struct, frozen=True, array_like=True):

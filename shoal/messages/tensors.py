@@ -45,9 +45,10 @@ class TensorRef(msgspec.Struct, frozen=True, array_like=True):
     With ``inline`` set the bytes travel in the message itself: a worker's streamed response of
     a few bytes (``workers/outputs.INLINE_MAX_BYTES``, e.g. one token of an LLM stream) or an
     output of no bytes needs no arena slot and no lease; ``region`` is then empty.
-    ``object_id``: for a client-registered object, the inode number of the object the frontend
-    registered under that key (0: not known); a worker reads only that object, never another
-    one the key names later (``shm/client_regions.py``)."""
+    ``object_id`` / ``object_dev``: for a client-registered object, the inode number and device
+    of the object the frontend registered under that key (``shm/object_identity.py``); a worker
+    reads only that object, never another one the key names later, and refuses a client
+    reference without them (``shm/client_regions.py``)."""
 
     name: str
     datatype: str
@@ -58,20 +59,22 @@ class TensorRef(msgspec.Struct, frozen=True, array_like=True):
     cuda: CudaHandle | None = None
     inline: bytes | None = None
     object_id: int = 0
+    object_dev: int = 0
 
 
 class OutputTarget(msgspec.Struct, frozen=True, array_like=True):
     """Where a worker writes an output instead of its own arena: ``nbytes`` bytes at ``offset`` of
     the client-registered POSIX shm object ``region`` (its key, e.g. ``/input_data``). The
     frontend checked the bounds against the registration; the worker re-checks the object's real
-    size right before writing, and writes only into the registered object (``object_id``, its
-    inode number, as in ``TensorRef``)."""
+    size right before writing, and writes only into the registered object (``object_id`` /
+    ``object_dev``, its inode number and device, as in ``TensorRef``)."""
 
     region: str
     offset: int
     nbytes: int
     cuda: CudaHandle | None = None  # set: a client CUDA allocation (``region`` is empty)
     object_id: int = 0
+    object_dev: int = 0
 
 
 class RequestedOutput(msgspec.Struct, frozen=True, array_like=True):

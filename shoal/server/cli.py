@@ -110,6 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "triton-grpc-protocol-KEY: VALUE (repeatable)")
     _bool_flag(serve, "--allow-client-shm", False,
                "allow clients to register system/CUDA shared-memory regions")
+    _bool_flag(serve, "--client-shm-allow-foreign-owner", False,
+               "let clients register system shared-memory objects another user owns")
     serve.add_argument("--client-shm-max-regions", type=int, default=1024)
     serve.add_argument("--client-shm-max-bytes", type=int, default=64 * 1024**3,
                        help="most bytes of client regions mapped at once")
@@ -276,6 +278,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         grpc_max_connection_age_grace_ms=args.grpc_max_connection_age_grace,
         allow_client_shm=args.allow_client_shm,
         client_shm_max_regions=args.client_shm_max_regions,
+        client_shm_allow_foreign_owner=args.client_shm_allow_foreign_owner,
         client_shm_max_bytes=args.client_shm_max_bytes,
         grpc_address=args.grpc_address, allow_grpc=args.allow_grpc,
         http_restricted_apis=parse_restrictions(args.http_restricted_api,

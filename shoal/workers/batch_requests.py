@@ -70,7 +70,8 @@ class BatchRequests:
             view = self._inputs.view(ref.region, ref.offset, ref.nbytes, readonly=False)
         else:
             view = self._client_regions.view(ref.region, ref.offset, ref.nbytes, ref.name,
-                                             object_id=ref.object_id)
+                                             object_id=ref.object_id,
+                                             object_dev=ref.object_dev)
         return array_from_buffer(view, ref.datatype, ref.shape)
 
     def _backend_request(self, req: WorkerRequest, inputs: dict[str, Any]) -> BackendRequest:

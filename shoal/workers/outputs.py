@@ -259,10 +259,12 @@ class OutputWriter:
                 continue
             if target is not None:
                 view = self._client.view(target.region, target.offset, nbytes, tensor.name,
-                                         writable=True, object_id=target.object_id)
+                                         writable=True, object_id=target.object_id,
+                                         object_dev=target.object_dev)
                 write_array(view, tensor.array, tensor.datatype)
                 refs.append(TensorRef(tensor.name, tensor.datatype, shape, target.region,
-                                      target.offset, nbytes, object_id=target.object_id))
+                                      target.offset, nbytes, object_id=target.object_id,
+                                      object_dev=target.object_dev))
                 continue
             if not nbytes:  # a tensor of no elements: no bytes to place, none to lease
                 refs.append(TensorRef(tensor.name, tensor.datatype, shape, "", 0, 0,

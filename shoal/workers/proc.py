@@ -111,7 +111,8 @@ class WorkerProc:
         self.control_socket = self._connect("#c")
         self.segment_prefix = settings.segment_prefix  # a property that formats a string
         self.inputs = RegionCache(self.segment_prefix)
-        self.client_regions = ClientRegions()
+        self.client_regions = ClientRegions(
+            allow_foreign_owner=settings.client_shm_allow_foreign_owner)
         self.arena = Arena(spec.arena_prefix, settings.shm_segment_bytes,
                            settings.shm_arena_max_bytes)
         self.device_regions = DeviceRegions(LazyCudaIpc())  # libcuda only at the first CUDA ref

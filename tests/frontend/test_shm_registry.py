@@ -234,10 +234,11 @@ def test_resolve_input_points_into_the_object(registry: ClientSharedMemoryRegist
     ref = registry.resolve_input(7, "r", 16, 24, "X", "FP32", [2, 3])
     assert (ref.name, ref.datatype, ref.shape) == ("X", "FP32", [2, 3])
     assert (ref.region, ref.offset, ref.nbytes) == (key, 1016, 24)
-    inode = os.stat("/dev/shm" + key).st_ino  # workers read only the registered object
-    assert ref.object_id == inode
+    info = os.stat("/dev/shm" + key)  # workers read only the registered object
+    assert (ref.object_dev, ref.object_id) == (info.st_dev, info.st_ino)
     target = registry.resolve_output(7, "r", 1000, 1000, "Y")
-    assert target == OutputTarget(key, 2000, 1000, object_id=inode)
+    assert target == OutputTarget(key, 2000, 1000, object_id=info.st_ino,
+                                  object_dev=info.st_dev)
 
 
 def test_unknown_region_names_region_and_tensor(registry: ClientSharedMemoryRegistry) -> None:

@@ -33,7 +33,9 @@ def test_registrations_are_reported_as_they_start_and_end(make_object: MakeObjec
     registry = reports.registry()
     registry.register("sys", key, 128, 1024)
     registry.register_cuda("gpu", HANDLE, 1, 512, device_count=2)
-    assert reports.registered == [ClientRegion("sys", key, 128, 1024),
+    info = os.stat("/dev/shm" + key)  # the registered object's identity travels with it
+    assert reports.registered == [ClientRegion("sys", key, 128, 1024, object_dev=info.st_dev,
+                                               object_ino=info.st_ino),
                                   ClientRegion("gpu", cuda=CudaHandle(HANDLE, 1, 512))]
     with pytest.raises(ShoalError):
         registry.register("sys", key, 0, 16)  # refused: not reported
@@ -76,3 +78,25 @@ def test_a_region_whose_object_is_gone_cannot_be_restored(make_object: MakeObjec
         registry.restore(ClientRegion("sys", key, 0, 64))
     assert registry.status(None) == []
     registry.close()
+
+
+def test_a_region_whose_key_names_another_object_now_is_not_restored(
+        make_object: MakeObject) -> None:
+    """The broker kept the registered object's identity: a frontend restarted after the key
+    was given to another object (here one with the same content) refuses to take it over."""
+    key = make_object(64)
+    info = os.stat("/dev/shm" + key)
+    kept = ClientRegion("sys", key, 0, 64, object_dev=info.st_dev, object_ino=info.st_ino)
+    os.rename("/dev/shm" + key, "/dev/shm" + key + "-old")
+    try:
+        with open("/dev/shm" + key, "wb") as replacement:
+            replacement.write(b"\0" * 64)
+        registry = Reports().registry()
+        with pytest.raises(ShoalError) as refused:
+            registry.restore(kept)
+        assert refused.value.code is ErrorCode.INVALID_ARG
+        assert "'sys'" in refused.value.message
+        assert registry.status(None) == []
+        registry.close()
+    finally:
+        os.unlink("/dev/shm" + key + "-old")

@@ -26,18 +26,19 @@ def key() -> Iterator[str]:
         posix_ipc.unlink_shared_memory(name)
 
 
-def create(key: str, data: bytes) -> int:
-    """A new object under ``key`` holding ``data``; its inode number (what a registration
-    carries as ``object_id``)."""
+def create(key: str, data: bytes) -> dict[str, int]:
+    """A new object under ``key`` holding ``data``; its identity as a reference carries it
+    (``object_id``: inode number, ``object_dev``: device)."""
     shm = posix_ipc.SharedMemory(key, posix_ipc.O_CREX, mode=0o600, size=len(data))
     try:
         os.pwrite(shm.fd, data, 0)
-        return os.fstat(shm.fd).st_ino
+        info = os.fstat(shm.fd)
+        return {"object_id": info.st_ino, "object_dev": info.st_dev}
     finally:
         shm.close_fd()
 
 
-def replace(key: str, data: bytes) -> int:
+def replace(key: str, data: bytes) -> dict[str, int]:
     posix_ipc.unlink_shared_memory(key)
     return create(key, data)
 
@@ -45,28 +46,29 @@ def replace(key: str, data: bytes) -> int:
 def test_a_replaced_object_is_read_as_the_new_one(key: str) -> None:
     regions = ClientRegions()
     first = create(key, b"old!")
-    assert bytes(regions.view(key, 0, 4, "IN", object_id=first)) == b"old!"
+    assert bytes(regions.view(key, 0, 4, "IN", **first)) == b"old!"
     second = replace(key, b"new!")
     assert second != first
-    assert bytes(regions.view(key, 0, 4, "IN", object_id=second)) == b"new!"
+    assert bytes(regions.view(key, 0, 4, "IN", **second)) == b"new!"
     regions.close()
 
 
-def test_without_an_identity_the_object_the_key_names_now_is_read(key: str) -> None:
+def test_a_reference_without_an_identity_is_refused(key: str) -> None:
     regions = ClientRegions()
     create(key, b"old!")
-    assert bytes(regions.view(key, 0, 4, "IN")) == b"old!"
-    replace(key, b"new!")
-    assert bytes(regions.view(key, 0, 4, "IN")) == b"new!"
+    with pytest.raises(ShoalError) as info:
+        regions.view(key, 0, 4, "IN")
+    assert info.value.code == ErrorCode.INVALID_ARG and "no identity" in info.value.message
+    assert len(regions) == 0
     regions.close()
 
 
 def test_outputs_go_into_the_registered_object_not_its_predecessor(key: str) -> None:
     regions = ClientRegions()
     first = create(key, b"....")
-    regions.view(key, 0, 4, "OUT", writable=True, object_id=first)[:] = b"1111"
+    regions.view(key, 0, 4, "OUT", writable=True, **first)[:] = b"1111"
     second = replace(key, b"....")
-    regions.view(key, 0, 4, "OUT", writable=True, object_id=second)[:] = b"2222"
+    regions.view(key, 0, 4, "OUT", writable=True, **second)[:] = b"2222"
     fd = os.open("/dev/shm" + key, os.O_RDONLY)
     try:
         assert os.pread(fd, 4, 0) == b"2222"
@@ -80,7 +82,7 @@ def test_an_identity_the_key_no_longer_names_is_refused(key: str) -> None:
     first = create(key, b"old!")
     replace(key, b"new!")  # before the worker ever mapped the registered object
     with pytest.raises(ShoalError) as info:
-        regions.view(key, 0, 4, "IN", object_id=first)
+        regions.view(key, 0, 4, "IN", **first)
     assert info.value.code == ErrorCode.INVALID_ARG
     assert "'IN'" in info.value.message and key not in info.value.message
     assert len(regions) == 0
@@ -94,13 +96,14 @@ def test_a_registered_object_its_client_removed_is_refused_never_misread(key: st
     the object that now carries the key."""
     regions = ClientRegions()
     first = create(key, b"old!")
-    assert bytes(regions.view(key, 0, 4, "IN", object_id=first)) == b"old!"
+    assert bytes(regions.view(key, 0, 4, "IN", **first)) == b"old!"
     second = replace(key, b"new!")
-    assert bytes(regions.view(key, 0, 4, "IN", object_id=second)) == b"new!"
-    assert len(regions) == 1  # the new attach closed the removed object's mapping
+    assert bytes(regions.view(key, 0, 4, "IN", **second)) == b"new!"
+    assert len(regions) == 2  # mappings are kept by identity: the old one until a refusal
     with pytest.raises(ShoalError) as info:
-        regions.view(key, 0, 4, "IN", object_id=first)
+        regions.view(key, 0, 4, "IN", **first)
     assert info.value.code == ErrorCode.INVALID_ARG
+    assert len(regions) == 1  # the refusal closed the removed object's mapping
     regions.close()
 
 
@@ -109,10 +112,10 @@ def test_a_removed_object_is_refused_at_once_though_still_mapped(key: str) -> No
     very next request, whether or not the sweep has closed its mapping yet."""
     regions = ClientRegions()
     first = create(key, b"old!")
-    assert bytes(regions.view(key, 0, 4, "IN", object_id=first)) == b"old!"
+    assert bytes(regions.view(key, 0, 4, "IN", **first)) == b"old!"
     posix_ipc.unlink_shared_memory(key)
     with pytest.raises(ShoalError) as info:
-        regions.view(key, 0, 4, "IN", object_id=first)
+        regions.view(key, 0, 4, "IN", **first)
     assert info.value.code == ErrorCode.INVALID_ARG and "'IN'" in info.value.message
     assert len(regions) == 0
     regions.close()
@@ -121,18 +124,18 @@ def test_a_removed_object_is_refused_at_once_though_still_mapped(key: str) -> No
 def test_mappings_of_removed_objects_are_closed(key: str) -> None:
     regions = ClientRegions()
     first = create(key, b"old!")
-    regions.view(key, 0, 4, "IN", object_id=first)
+    regions.view(key, 0, 4, "IN", **first)
     regions.drop_unlinked()
     assert len(regions) == 1  # still linked: kept
     posix_ipc.unlink_shared_memory(key)
     regions.drop_unlinked()
     assert len(regions) == 0
     second = create(key, b"new!")
-    regions.view(key, 0, 4, "IN", object_id=second)
+    regions.view(key, 0, 4, "IN", **second)
     posix_ipc.unlink_shared_memory(key)
     other = f"/shmtest-{secrets.token_hex(6)}"
     try:
-        regions.view(other, 0, 1, "X", object_id=create(other, b"x"))  # no sweep on a miss
+        regions.view(other, 0, 1, "X", **create(other, b"x"))  # no sweep on a miss
         assert len(regions) == 2
         regions.drop_unlinked()
         assert len(regions) == 1
@@ -144,14 +147,14 @@ def test_mappings_of_removed_objects_are_closed(key: str) -> None:
 def test_a_truncated_object_is_refused_by_size(key: str) -> None:
     regions = ClientRegions()
     first = create(key, b"abcdefgh")
-    assert bytes(regions.view(key, 4, 4, "IN", object_id=first)) == b"efgh"
+    assert bytes(regions.view(key, 4, 4, "IN", **first)) == b"efgh"
     fd = os.open("/dev/shm" + key, os.O_RDWR)
     try:
         os.ftruncate(fd, 4)
     finally:
         os.close(fd)
     with pytest.raises(ShoalError) as info:
-        regions.view(key, 4, 4, "IN", object_id=first)
+        regions.view(key, 4, 4, "IN", **first)
     assert info.value.code == ErrorCode.INVALID_ARG and "smaller" in info.value.message
     regions.close()
 
@@ -163,7 +166,7 @@ def test_calls_from_several_threads_are_serialized(key: str,
     ever sees the cache change under it."""
     regions = ClientRegions()
     first = create(key, b"old!")
-    regions.view(key, 0, 4, "IN", object_id=first)
+    regions.view(key, 0, 4, "IN", **first)
     inside, go_on = threading.Event(), threading.Event()
     real_stat = Segment.stat
 
@@ -179,7 +182,7 @@ def test_calls_from_several_threads_are_serialized(key: str,
     assert inside.wait(5)
     read: list[bytes] = []
     reader = threading.Thread(target=lambda: read.append(bytes(regions.view(
-        key, 0, 4, "IN", object_id=first))))
+        key, 0, 4, "IN", **first))))
     reader.start()
     reader.join(0.2)
     assert reader.is_alive() and not read  # waits for the sweep in progress

@@ -1,8 +1,9 @@
 """Checks of the shared-memory extensions (used by ``shm_registry``): region names, keys of POSIX
 shm objects, opening an object, its real size, and the framing of BYTES tensors in it.
 
-Refusals are ``ShoalError`` (INVALID_ARG naming the field at fault); none echoes a key
-that names the server's own segments.
+Refusals are ``ShoalError`` (INVALID_ARG naming the region or the field at fault); none
+echoes a key that names the server's own segments. Which objects may be served at all:
+``shm/object_identity.py``.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import logging
 import os
 import stat
 import struct
-from typing import Final
+from collections.abc import Callable
+from typing import Final, NoReturn
 
 from shoal.errors import invalid_arg, unavailable
 from shoal.frontend.core.validation import (
@@ -21,6 +23,7 @@ from shoal.frontend.core.validation import (
     too_many_strings,
     wrong_string_count,
 )
+from shoal.shm.object_identity import ObjectIdentity, refusal, server_segment_identities
 
 logger = logging.getLogger(__name__)
 
@@ -79,13 +82,8 @@ def check_region_name(name: str, kind: str = "system") -> None:
 
 
 def object_size(fd: int, name: str, key: str) -> int:
-    """The object's size now; refuses anything but a regular shm object with a single name (a
-    second hard link could alias a segment the client may not name)."""
-    return object_size_and_inode(fd, name, key)[0]
-
-
-def object_size_and_inode(fd: int, name: str, key: str) -> tuple[int, int]:
-    """``object_size`` and the object's inode number, from one fstat."""
+    """The size now of the object open as ``fd`` (region ``name``); refuses anything but a
+    regular file."""
     try:
         info = os.fstat(fd)
     except OSError as exc:
@@ -93,10 +91,51 @@ def object_size_and_inode(fd: int, name: str, key: str) -> tuple[int, int]:
     if not stat.S_ISREG(info.st_mode):
         raise invalid_arg(f"shared memory key '{key}' of region '{name}' does not name a "
                           "shared memory object")
-    if info.st_nlink > 1:
-        raise invalid_arg(f"shared memory key '{key}' of region '{name}' names an object with "
-                          "more than one link; refused")
-    return info.st_size, info.st_ino
+    return info.st_size
+
+
+def registered_object(fd: int, name: str, key: str, directory: str, *,
+                      allow_foreign_owner: bool, euid: int | None = None,
+                      stat_of: Callable[[int], os.stat_result] = os.fstat) -> os.stat_result:
+    """At registration: the fstat of ``fd`` (the object region ``name`` registers), refused
+    unless ``object_identity.refusal`` allows it (a regular file with one link, none of the
+    server's segments in ``directory``, owned by ``euid`` unless foreign owners are allowed).
+    ``stat_of``: a parameter for tests (an fstat result of another owner)."""
+    try:
+        info = stat_of(fd)
+    except OSError as exc:
+        raise invalid_arg(f"Invalid shared memory region: '{name}'") from exc
+    reason = refusal(info, None, allow_foreign_owner=allow_foreign_owner,
+                     own=server_segment_identities(directory), euid=euid)
+    if reason is not None:
+        _refused(name, key, reason)
+    return info
+
+
+def current_object(path: str, fd: int, name: str, key: str, expected: ObjectIdentity, *,
+                   allow_foreign_owner: bool, euid: int | None = None) -> os.stat_result:
+    """At every use of region ``name``: the object its key names now (``path``, not followed
+    if a link) must still be the registered one (``expected``, open as ``fd``) and pass
+    ``object_identity.refusal``; its stat (the size now). So a key replaced by another object
+    (e.g. a hard link to a server segment) fails the request naming the region, before any
+    reference to it leaves the frontend."""
+    try:
+        info = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        _refused(name, key, "was removed by its owner; register the region again")
+    except OSError as exc:
+        raise invalid_arg(f"Invalid shared memory region: '{name}'") from exc
+    reason = refusal(info, expected, allow_foreign_owner=allow_foreign_owner, euid=euid)
+    if reason is None and ObjectIdentity.of(os.fstat(fd)) != expected:
+        reason = "is no longer the object that was registered"
+    if reason is not None:
+        _refused(name, key, reason)
+    return info
+
+
+def _refused(name: str, key: str, reason: str) -> NoReturn:
+    logger.warning("refused shared memory region %r (key %r): it %s", name, key, reason)
+    raise invalid_arg(f"shared memory region '{name}' {reason}")
 
 
 def check_bytes_framing(fd: int, start: int, nbytes: int, count: int, tensor: str,
