@@ -191,3 +191,64 @@ def test_calls_from_several_threads_are_serialized(key: str,
     reader.join(5)
     assert read == [b"old!"]
     regions.close()
+
+
+def test_a_key_swapped_for_a_hard_link_to_another_object_is_neither_read_nor_written(
+        key: str) -> None:
+    """The worker's own defence (the frontend checks the key too, but the swap can happen
+    between its check and the worker's open): the key now names a link to another object (a
+    stand-in for a server segment), which is refused before a byte of it is touched."""
+    regions = ClientRegions()
+    registered = create(key, b"mine")
+    other = f"/shmtest-{secrets.token_hex(6)}"
+    create(other, b"SECRET")
+    try:
+        os.unlink("/dev/shm" + key)
+        os.link("/dev/shm" + other, "/dev/shm" + key)
+        for writable in (False, True):
+            with pytest.raises(ShoalError) as info:
+                regions.view(key, 0, 4, "IN", writable=writable, **registered)
+            assert info.value.code == ErrorCode.INVALID_ARG
+            assert "no longer the object that was registered" in info.value.message
+        assert len(regions) == 0
+        fd = os.open("/dev/shm" + other, os.O_RDONLY)
+        try:
+            assert os.pread(fd, 6, 0) == b"SECRET"
+        finally:
+            os.close(fd)
+    finally:
+        posix_ipc.unlink_shared_memory(other)
+    regions.close()
+
+
+def test_a_second_link_is_refused_at_map_and_at_use(key: str) -> None:
+    regions = ClientRegions()
+    registered = create(key, b"mine")
+    alias = "/dev/shm" + key + "-alias"
+    os.link("/dev/shm" + key, alias)
+    try:
+        with pytest.raises(ShoalError) as info:
+            regions.view(key, 0, 4, "IN", **registered)
+        assert "more than one link" in info.value.message
+        os.unlink(alias)
+        assert bytes(regions.view(key, 0, 4, "IN", **registered)) == b"mine"
+        os.link("/dev/shm" + key, alias)  # a cached mapping is re-checked at every use
+        with pytest.raises(ShoalError) as info:
+            regions.view(key, 0, 4, "IN", **registered)
+        assert "more than one link" in info.value.message and len(regions) == 0
+    finally:
+        if os.path.exists(alias):
+            os.unlink(alias)
+    regions.close()
+
+
+def test_an_object_another_user_owns_is_refused_unless_allowed(key: str) -> None:
+    registered = create(key, b"mine")
+    strict = ClientRegions(euid=os.geteuid() + 1)  # as if the object were another user's
+    with pytest.raises(ShoalError) as info:
+        strict.view(key, 0, 4, "IN", **registered)
+    assert "owned by another user" in info.value.message and len(strict) == 0
+    allowing = ClientRegions(allow_foreign_owner=True, euid=os.geteuid() + 1)
+    assert bytes(allowing.view(key, 0, 4, "IN", **registered)) == b"mine"
+    strict.close()
+    allowing.close()
