@@ -136,3 +136,24 @@ def make_object() -> Iterator[MakeObject]:
         with contextlib.suppress(posix_ipc.ExistentialError):
             posix_ipc.unlink_shared_memory(key)
     assert not [k for k in keys if os.path.exists("/dev/shm" + k)]
+
+
+def _run_order(item: pytest.Item) -> int:
+    """Files holding the suite's longest tests first: the slow tier, then the tiers that start
+    real servers, then unit tests. pytest-xdist (``--dist loadfile``) hands whole files out in
+    collection order as its processes free up, so a long file collected last would run alone
+    at the end."""
+    path = str(item.fspath).replace("\\", "/")
+    if item.get_closest_marker("slow") is not None:
+        return 0
+    if any(f"/tests/{tier}/" in path for tier in ("e2e", "conformance", "fuzz", "deploy")):
+        return 1
+    return 2
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    file_order: dict[str, int] = {}
+    for item in items:  # a file ranks as its most urgent test, so its tests stay together
+        file_order[str(item.fspath)] = min(file_order.get(str(item.fspath), 2), _run_order(item))
+    items.sort(key=lambda item: file_order[str(item.fspath)])  # stable: in-file order kept
