@@ -3,8 +3,10 @@
 
 Each frontend and each worker owns one Arena. Segments are named ``f"{prefix}{n}"`` with n
 counting up from 0; a name is never given to a second segment while the arena lives. The arena
-never grows past ``max_bytes``; a request that does not fit is a ShoalError(UNAVAILABLE), which
-the frontend answers with 503.
+never grows past ``max_bytes``. A request that does not fit *now* (other slots hold the room)
+is a ShoalError(UNAVAILABLE), which the frontend answers with 503 (retry later); one that could
+never fit, larger than ``max_bytes`` itself, is a ShoalError(INVALID_ARG) naming the limit
+(400, gRPC INVALID_ARGUMENT: retrying cannot help).
 
 Dedicated segments (one per request larger than a regular segment) are *kept* when their slot is
 freed, still linked and mapped, and reused by a later large request of about the same size
@@ -116,7 +118,7 @@ class Arena:
     def allocate(self, nbytes: int) -> Slot:
         """A slot of ``nbytes`` bytes. First fit over existing segments, else a new segment;
         requests larger than a segment get a dedicated one. Raises ShoalError(UNAVAILABLE) when
-        that would exceed ``max_bytes``."""
+        that would exceed ``max_bytes`` now, ShoalError(INVALID_ARG) when it always would."""
         if nbytes < 0:
             raise ValueError("nbytes must not be negative")
         if self._closed:
@@ -132,6 +134,8 @@ class Arena:
             entry = self._grow(self._segment_bytes, nbytes, dedicated=False)
         else:
             size = _round_up(rounded, mmap.PAGESIZE)
+            if size > self._max_bytes:
+                raise never_fits(nbytes, self._max_bytes)
             entry = self._take_kept(size) or self._grow(size, nbytes, dedicated=True)
         offset = entry.allocator.allocate(nbytes)
         if offset is None:  # cannot happen: a fresh segment fits the request
@@ -272,6 +276,16 @@ class Arena:
         return (f"Arena({self._prefix!r}, segments={len(self._by_name)}, "
                 f"used={self.used_bytes}, kept={self._kept_total}, "
                 f"reserved={self._reserved}/{self._max_bytes})")
+
+
+def never_fits(nbytes: int, max_bytes: int) -> ShoalError:
+    """The error for ``nbytes`` that no arena of ``max_bytes`` can ever hold. The text names
+    the flag (the frontend's and each worker's arena have the same limit), not a segment."""
+    return ShoalError(
+        ErrorCode.INVALID_ARG,
+        f"a tensor of {nbytes} bytes can never fit in shared memory: the server's limit per "
+        f"process is {max_bytes} bytes (--shm-arena-byte-size)",
+    )
 
 
 def _round_up(value: int, multiple: int) -> int:

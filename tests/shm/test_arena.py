@@ -173,9 +173,14 @@ def test_full_arena_raises_unavailable(arena: Arena) -> None:
     assert info.value.code == ErrorCode.UNAVAILABLE
     assert info.value.message.startswith("shared-memory arena is full: ")
     assert "/shoal" not in info.value.message
+    with pytest.raises(ShoalError) as not_now:
+        arena.allocate(2 * SEGMENT)  # could fit once slots are freed: retryable
+    assert not_now.value.code == ErrorCode.UNAVAILABLE
     with pytest.raises(ShoalError) as too_big:
-        arena.allocate(4 * SEGMENT + 1)
-    assert too_big.value.code == ErrorCode.UNAVAILABLE
+        arena.allocate(4 * SEGMENT + 1)  # can never fit: the client's to fix
+    assert too_big.value.code == ErrorCode.INVALID_ARG
+    assert "--shm-arena-byte-size" in too_big.value.message
+    assert "/shoal" not in too_big.value.message
     arena.free(held[2])
     assert arena.allocate(1).region == held[2].region
 

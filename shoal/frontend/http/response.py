@@ -12,7 +12,7 @@ until the returned parts are joined or written: binary outputs are not copied he
 
 from __future__ import annotations
 
-import json
+import math
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -110,7 +110,9 @@ def _encode_output(
 
 def json_data(name: str, datatype: str, shape: list[int], data: bytes | memoryview) -> Any:
     """Tensor bytes -> the JSON ``data`` value (flat, row-major). Non-finite floats are written
-    as NaN / Infinity / -Infinity, as Triton does."""
+    as the strings ``"NaN"`` / ``"Infinity"`` / ``"-Infinity"``: Triton writes them as bare
+    tokens, which no strict JSON parser reads; numpy (tritonclient's ``as_numpy``) turns the
+    strings back into the same floats (docs/triton-differences.md)."""
     count = dtypes.element_count(shape)
     if datatype in ("FP16", "BF16"):
         raise invalid_arg(
@@ -124,8 +126,15 @@ def json_data(name: str, datatype: str, shape: list[int], data: bytes | memoryvi
         raise internal(f"output tensor shape does not match size of output for '{name}'")
     array = np.frombuffer(data, dtype)
     if array.dtype.kind in _FLOAT_KINDS and not _all_finite(array):
-        return orjson.Fragment(json.dumps(array.tolist(), separators=(",", ":")))
+        return [v if math.isfinite(v) else _non_finite(v) for v in array.tolist()]
     return array
+
+
+def _non_finite(value: float) -> str:
+    """The JSON string for a NaN or infinite float."""
+    if value != value:  # noqa: PLR0124 (NaN is the one value unequal to itself)
+        return "NaN"
+    return "Infinity" if value > 0 else "-Infinity"
 
 
 def _all_finite(array: np.ndarray[Any, Any]) -> bool:
