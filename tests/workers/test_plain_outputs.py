@@ -157,7 +157,8 @@ def test_undelivered_outputs_are_the_response_error_a_model_error_is_not(
         BackendResponse([OutputTensor("Y", "FP32", array)]),
     ]
     requested = [[RequestedOutput("Y", target=OutputTarget("/no-such-region", 0, 8))],
-                 [RequestedOutput("Y", target=OutputTarget("/no-such-region", 0, 64))],
+                 [RequestedOutput("Y", target=OutputTarget("/no-such-region", 0, 64,
+                                                           object_id=1))],
                  [], []]
     results, lease = plain.write_results([1, 2, 3, 4], requested, responses)
     assert [r.error is not None and r.error.in_response for r in results] == [
