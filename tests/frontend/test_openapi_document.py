@@ -110,3 +110,15 @@ def test_the_document_is_gated_as_metadata(header: str | None, status: int) -> N
         response = client.get(OPENAPI_PATH, headers=headers)
         assert response.status_code == status
         assert client.get("/v2/health/live").status_code == 200  # health stays open
+
+
+def test_findings_of_the_fuzzer_are_documented() -> None:
+    """What the first fuzz runs found undocumented: infer of a decoupled model answers 501
+    (Triton's UNSUPPORTED), and an event stream's events are objects with a ``data`` string."""
+    paths = _document()["paths"]
+    for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
+        assert "501" in paths[prefix + "/infer"]["post"]["responses"]
+        stream = paths[prefix + "/generate_stream"]["post"]["responses"]
+        for status in ("200", "400"):
+            event = stream[status]["content"]["text/event-stream"]["schema"]
+            assert event["type"] == "object" and "data" in event["required"]

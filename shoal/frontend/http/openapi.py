@@ -35,6 +35,10 @@ from shoal.frontend.restricted import ApiCategory
 
 OPENAPI_PATH: Final = "/v2/openapi.json"
 SSE: Final = "text/event-stream"
+# one Server-Sent Event as a client's parser reads it (the payload is ``data``, JSON text)
+_EVENT: Final[dict[str, Any]] = {"type": "object", "required": ["data"],
+                                 "properties": {"data": {"type": "string"},
+                                                "event": {"type": "string"}}}
 
 _Schema = dict[str, Any]
 _PARAM: Final = re.compile(r"\{([a-z_]+)(?::([a-z]+))?\}")
@@ -203,9 +207,9 @@ def _model_operations(prefix: str) -> dict[tuple[str, str], dict[str, Any]]:
                             "application/octet-stream": {"schema": {"type": "string",
                                                                     "format": "binary"}}}}
     stream = {"description": "Server-Sent Events, one `data: {json}` per response",
-              "content": {SSE: {"schema": {"type": "string"}}}}
+              "content": {SSE: {"schema": _EVENT}}}
     stream_errors = _errors(*_MODEL_ERRORS)
-    stream_errors["400"]["content"][SSE] = {"schema": {"type": "string"}}
+    stream_errors["400"]["content"][SSE] = {"schema": _EVENT}
     return {
         ("GET", prefix): _op("model metadata", {
             "200": _json("the model's metadata", _MODEL_METADATA), **_errors(*_MODEL_ERRORS)}),
@@ -217,7 +221,7 @@ def _model_operations(prefix: str) -> dict[tuple[str, str], dict[str, Any]]:
         ("GET", prefix + "/stats"): _op("model statistics", {
             "200": _json("statistics", _STATISTICS), **_errors(*_MODEL_ERRORS)}),
         ("POST", prefix + "/infer"): _op("inference (KServe v2)", {
-            "200": infer_ok, **_errors(*_MODEL_ERRORS)}, _INFER_REQUEST,
+            "200": infer_ok, **_errors(*_MODEL_ERRORS, 501)}, _INFER_REQUEST,
             (JSON_CONTENT_TYPE, "application/octet-stream")),
         ("POST", prefix + "/generate"): _op("generate extension, one response", {
             "200": _json("the response's outputs by name", _OBJECT),
@@ -256,7 +260,7 @@ def _repository_operations() -> dict[tuple[str, str], dict[str, Any]]:
 def _openai_operations() -> dict[tuple[str, str], dict[str, Any]]:
     answer = {"description": "the completion (with `stream`: Server-Sent Events)",
               "content": {JSON_CONTENT_TYPE: {"schema": _COMPLETION},
-                          SSE: {"schema": {"type": "string"}}}}
+                          SSE: {"schema": _EVENT}}}
     return {
         ("GET", "/v1/models"): _op("OpenAI: the llm models", {
             "200": _json("the list", _OPENAI_MODELS), **_errors(openai=True)}),
