@@ -17,6 +17,11 @@ the rest lives here:
 - **Body size** (``--http-max-input-size``): a Content-Length over the limit is answered 413
   before any body is read; a chunked body is answered 413 once it passes the limit. The app's
   own checks (``infer.read_body``, the fast path) stay as a backstop and are never reached.
+- **Body pieces**: a body may reach the parser in at most ``FREE_BODY_PIECES`` pieces plus one
+  per ``PIECE_BYTES`` of body (a piece: one chunk of a chunked body, or one read of a
+  Content-Length body); past that it is refused 400 at once. Each piece costs a callback and a
+  buffer, so a million one-byte chunks would otherwise take half a minute of the event loop.
+  Clients that stream a body (a generator in ``requests``, 8 KiB reads) are far inside it.
 - **Chunked with Content-Length**: served as Triton serves it, framed by the chunked coding
   alone (the Content-Length is ignored, never used to frame or size anything), and the
   connection is closed after the answer (RFC 9112 §6.1, against request smuggling). Such a
@@ -65,6 +70,8 @@ HEALTH_PATHS: Final = frozenset({b"/v2/health/live", b"/v2/health/ready"})
 OVER_CAP_HEADER_TIMEOUT_S: Final = 2.0  # an over-cap connection gets one quick request
 LINGER_S: Final = 2.0  # after a refusal: input is read and dropped this long, then close
 FD_ALARM_MARGIN: Final = 128  # warn when an accepted descriptor is this close to the limit
+FREE_BODY_PIECES: Final = 4096  # pieces any body may come in ...
+PIECE_BYTES: Final = 1024  # ... plus one per this many bytes of it
 
 
 @dataclass(frozen=True)
@@ -128,6 +135,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._admission = CLOSED
         self._phase = WAITING
         self._body_bytes = 0
+        self._body_pieces = 0
         self._deadline = 0.0
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
@@ -220,6 +228,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             return
         self._phase = BODY
         self._body_bytes = 0
+        self._body_pieces = 0
         self._set_deadline(self._body_timeout_s)
         lean = self._lean
         lean_cycle = self._lean_cycle = None if lean is None else lean.begin(self)
@@ -238,6 +247,14 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if self._body_bytes > self._max_body:
             self._refuse_body(413, size_limit_error(self._body_bytes, self._max_body).message,
                               linger=True)
+            return
+        self._body_pieces += 1
+        if self._body_pieces > FREE_BODY_PIECES + self._body_bytes // PIECE_BYTES:
+            self.budget.warn_slow("a request body came in too many small pieces: 400, closed")
+            self._refuse_body(400, f"the request body came in more than {FREE_BODY_PIECES} "
+                              f"pieces plus one per {PIECE_BYTES} bytes ({self._body_pieces} "
+                              f"pieces for {self._body_bytes} bytes): send it in larger "
+                              "chunks", linger=True)
             return
         self._deadline = self.loop.time() + self._body_timeout_s  # progress
         if self._lean_cycle is not None:
