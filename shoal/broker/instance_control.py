@@ -40,6 +40,7 @@ def mark_ready(handle: WorkerHandle, runtime: ModelVersionRuntime, slot: Instanc
         return False
     handle.state, handle.ready_at = WorkerState.IDLE, now
     slot.ever_ready, slot.last_exit = True, ""
+    slot.gave_up = False  # a slot given up after a crash loop serves again (instance_deaths)
     if log_level is not None:
         workers.send_control(handle.identity, log_level)
     logger.info("model %s version %d instance %s ready (pid %d)", runtime.name,

@@ -1,6 +1,7 @@
 """What a model instance's death means (docs/architecture.md §6): the error its requests get,
 the requests that end with it (its running batch, its open streams, and what waited for it
-alone), and the slot's restart plan (back-off, or giving up after repeated failures).
+alone), and the slot's restart plan (back-off; after repeated quick deaths the slot is given up
+but still restarted at the capped back-off).
 ``release_dead_worker`` gives back what the process held (its pidfd, held releases, rate
 limiter resources, arena, the leases its BLS calls held); the loop answers the requests and
 spawns the restart.
@@ -49,18 +50,30 @@ def held_by(runtime: ModelVersionRuntime, slot: InstanceSlot, handle: WorkerHand
 def plan_restart(runtime: ModelVersionRuntime, slot: InstanceSlot, handle: WorkerHandle,
                  description: str, now: float) -> bool:
     """An unexpected death: records it on the slot and sets its restart time (back-off), or
-    gives the slot up (it never became ready, or failed too often). False when the version
-    no longer serves at all (its queued requests must fail)."""
+    gives the slot up when it never became ready (a load failure). A slot that died too often
+    in a row (``gave_up_on``) is marked given up too (it will not serve soon: the version's
+    queued requests fail and it shows UNAVAILABLE with the reason) but is still restarted, at
+    the capped back-off, for as long as the version is served: a crash loop heals by itself
+    once its cause is gone, and every give-up is logged. False when the version no longer
+    serves at all (its queued requests must fail)."""
     if not slot.last_exit:
         slot.last_exit = description
     served = now - handle.ready_at if handle.ready_at is not None else 0.0
     slot.failures = 0 if served >= _HEALTHY_AFTER_S else slot.failures + 1
-    if not slot.ever_ready or runtime.gave_up_on(slot):
+    if not slot.ever_ready:
         slot.gave_up = True
         runtime.reason = runtime.reason or f"model instance '{slot.instance_name}' " \
                                            f"{slot.last_exit}"
         return runtime.serving()
-    slot.restart_at = now + restart_delay(slot.failures - 1, served)
+    delay = restart_delay(slot.failures - 1, served)
+    slot.restart_at = now + delay
+    if runtime.gave_up_on(slot):
+        slot.gave_up = True
+        runtime.reason = (f"model instance '{slot.instance_name}' {slot.last_exit}; it died "
+                          f"{slot.failures} times in a row, each within {_HEALTHY_AFTER_S:g} s "
+                          f"of its start; trying again in {delay:g} s")
+        logger.error("model %s version %d: %s", runtime.name, runtime.version, runtime.reason)
+        return runtime.serving()
     return True
 
 

@@ -2,8 +2,9 @@
 
 A ``WorkerHandle`` is one spawn of one model instance. Death is seen through a pidfd registered
 in the broker's poller (instant), so a SIGKILLed worker's requests fail at once. Restart delays
-follow TorchServe's Fibonacci back-off (0, 1, 1, 2, 3, 5, ... s, capped), reset after a worker has
-served for ``_HEALTHY_AFTER_S``.
+follow TorchServe's Fibonacci back-off (0, 1, 1, 2, 3, 5, ... s, capped at 30 s), reset after a
+worker has served for ``_HEALTHY_AFTER_S``. There is no last try: an instance that keeps dying
+is started again every 30 s for as long as its model is served (``instance_deaths``).
 """
 
 from __future__ import annotations
