@@ -11,6 +11,11 @@ queues its calls past it); Triton's keepalive flags (a client pinging more often
 and past ``--grpc-http2-max-ping-strikes`` a GOAWAY ENHANCE_YOUR_CALM "too_many_pings");
 optional connection idle and age limits (GOAWAY, then clients reconnect).
 
+Not bounded here: the bytes of one HTTP/2 header block. grpc core (1.85) drops metadata past
+its 16 KiB hard limit as it arrives (no memory grows) but reads CONTINUATION frames without
+end, whatever ``grpc.max_metadata_size`` / ``grpc.absolute_max_metadata_size`` say; only the
+idle / age limits end such a connection (README "Faults and limits").
+
 Restricted APIs (``--grpc-restricted-protocol``): an interceptor checks each call's metadata
 (``grpc/restricted.py``); every served method must have a category or the server is not built.
 
