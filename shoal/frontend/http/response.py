@@ -132,7 +132,7 @@ def json_data(name: str, datatype: str, shape: list[int], data: bytes | memoryvi
 
 def _non_finite(value: float) -> str:
     """The JSON string for a NaN or infinite float."""
-    if value != value:  # noqa: PLR0124 (NaN is the one value unequal to itself)
+    if value != value:
         return "NaN"
     return "Infinity" if value > 0 else "-Infinity"
 
