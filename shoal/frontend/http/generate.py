@@ -18,7 +18,8 @@ dimension out each fixed dimension must divide ``n`` and takes its share; then t
 proper shape". So ``"hi"`` fits ``[1, 1]`` and ``[4]`` values fit ``[2, 2]``. Values of the wrong
 JSON type get Triton's texts (``attempt to access JSON non-string as string`` ...; checked
 before the shape for BYTES, after it for the rest, as Triton does). The request is then
-validated like an infer request (same messages).
+validated like an infer request (same messages). An ``llm``-backend model's prompt over its byte
+limit is refused first (INVALID_ARG naming the limit: ``prompt_size.py``).
 
 Response: ``{<name>: value, ...}`` over the outputs, the response's parameters, ``id`` (when
 set), ``model_name`` and ``model_version``, in the byte order of the names as Triton writes
@@ -65,6 +66,7 @@ from shoal.frontend.http.errors import error_response, shoal_error_response, sta
 from shoal.frontend.http.infer import read_body
 from shoal.frontend.http.json_tensors import flatten, json_tensor_bytes, json_type_error
 from shoal.frontend.http.jsonparse import parse_json_pairs
+from shoal.frontend.http.prompt_size import check_prompt_size
 from shoal.frontend.http.response import json_data
 from shoal.messages import InferRequest, InferResponse, ModelVersionInfo, TensorRef, TensorSpec
 
@@ -139,6 +141,7 @@ def decode_generate_request(document: Mapping[str, Any] | JsonMembers,
         decode_request_parameters(nested, request)
     except ShoalError as error:
         raise _converting(NESTED_KEY, error) from None
+    check_prompt_size(request, model)  # an llm model's prompt bytes, before any tokenizing
     return request
 
 

@@ -80,7 +80,9 @@ def backend_error(error: ShoalError) -> OpenAiError:
     from shoal.frontend.http.errors import status_for
 
     param = next((p for name, p in _PARAM_OF_INPUT.items() if name in error.message), None)
-    return OpenAiError(status_for(error.code), openai_message(error.message), param=param)
+    message = openai_message(error.message).replace("input 'text_input'", "'prompt'").replace(
+        "input 'messages'", "'messages'")
+    return OpenAiError(status_for(error.code), message, param=param)
 
 
 class Generation:

@@ -88,6 +88,8 @@ from shoal.workers.backends.llm.open_requests import (
     open_item,
     refusal_not_decoupled,
 )
+from shoal.workers.backends.llm.prompt_bounds import UNBOUNDED, read_bounds
+from shoal.workers.backends.llm.settings import model_parameters
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -104,6 +106,7 @@ class LlmBackend:
         self._tokenizer: Tokenizer | None = None
         self._chat_template: ChatTemplate | None = None
         self._eos: int | None = None
+        self._bounds = UNBOUNDED  # the prompt size limits (prompt_bounds.py), set by load
         self._batching = False
         self._max_batch_size = 0
         self._declares_batch_index = False
@@ -137,6 +140,7 @@ class LlmBackend:
         self._tokenizer = executor.tokenizer
         self._chat_template = load_chat_template(settings.checkpoint_dir)
         self._eos = executor.model.spec.eos_token_id
+        self._bounds = read_bounds(model_parameters(config), executor.limits.max_seq_len)
         self._batching = config.max_batch_size > 0
         self._max_batch_size = config.max_batch_size
         self._declares_batch_index = any(o.name == BATCH_INDEX for o in config.output)
@@ -218,7 +222,7 @@ class LlmBackend:
             items = parse_requests(request, batching=self._batching, tokenizer=self._tokenizer,
                                    eos_token_id=self._eos, exclude_input=self._exclude_input,
                                    chat_template=self._chat_template,
-                                   max_batch_size=self._max_batch_size)
+                                   max_batch_size=self._max_batch_size, bounds=self._bounds)
         except ShoalError as exc:
             return Error(exc.code, exc.message)
         refusal = None if self._decoupled else refusal_not_decoupled(items)

@@ -64,6 +64,7 @@ import numpy.typing as npt
 from shoal.errors import ShoalError, invalid_arg
 from shoal.llm import FinishReason, Result
 from shoal.workers.backends.base import BackendRequest, OutputTensor
+from shoal.workers.backends.llm.prompt_bounds import UNBOUNDED, PromptBounds
 from shoal.workers.backends.llm.request_forms import ParsedRequest, tensor_request, text_request
 
 if TYPE_CHECKING:
@@ -83,15 +84,17 @@ BATCH_INDEX = "batch_index"
 def parse_requests(backend_request: BackendRequest, *, batching: bool,
                    tokenizer: Tokenizer | None, eos_token_id: int | None,
                    exclude_input: bool, chat_template: ChatTemplate | None = None,
-                   max_batch_size: int = 0) -> list[ParsedRequest]:
+                   max_batch_size: int = 0, bounds: PromptBounds = UNBOUNDED
+                   ) -> list[ParsedRequest]:
     """One ``ParsedRequest`` per batch item, in batch order (one when the model does not
-    batch). ``max_batch_size`` 0: no limit checked here."""
+    batch). ``max_batch_size`` 0: no limit checked here. ``bounds``: each item's prompt size
+    limits, checked before it is tokenized (``prompt_bounds.py``)."""
     items = split_batch(backend_request.inputs, batching, max_batch_size)
     parsed: list[ParsedRequest] = []
     for index, inputs in enumerate(items):
         try:
             parsed.append(_parse_item(inputs, tokenizer, eos_token_id, exclude_input,
-                                      chat_template))
+                                      chat_template, bounds))
         except ShoalError as exc:
             if len(items) == 1:
                 raise
@@ -114,7 +117,7 @@ def parse_request(backend_request: BackendRequest, *, batching: bool,
 
 def _parse_item(inputs: dict[str, npt.NDArray[Any]], tokenizer: Tokenizer | None,
                 eos_token_id: int | None, exclude_input: bool,
-                chat_template: ChatTemplate | None) -> ParsedRequest:
+                chat_template: ChatTemplate | None, bounds: PromptBounds) -> ParsedRequest:
     if "text_input" in inputs or "messages" in inputs:
         stray = sorted(set(inputs) & set(TENSOR_INPUTS))
         if stray:
@@ -123,7 +126,8 @@ def _parse_item(inputs: dict[str, npt.NDArray[Any]], tokenizer: Tokenizer | None
         if tokenizer is None:
             raise invalid_arg("text_input needs the checkpoint's tokenizer.json, which this "
                               "model's checkpoint lacks; send input_ids")
-        return text_request(inputs, tokenizer, eos_token_id, exclude_input, chat_template)
+        return text_request(inputs, tokenizer, eos_token_id, exclude_input, chat_template,
+                            bounds)
     if "input_ids" not in inputs:
         raise invalid_arg("the request needs input 'input_ids' (token ids), 'text_input' or "
                           "'messages'")
@@ -131,7 +135,7 @@ def _parse_item(inputs: dict[str, npt.NDArray[Any]], tokenizer: Tokenizer | None
     if stray:
         raise invalid_arg(f"input(s) {', '.join(stray)} belong to the text form; an input_ids "
                           f"request uses request_output_len, stop_words_list, runtime_top_k, ...")
-    return tensor_request(inputs, exclude_input)
+    return tensor_request(inputs, exclude_input, bounds)
 
 
 def split_batch(inputs: dict[str, npt.NDArray[Any]], batching: bool,

@@ -9,7 +9,9 @@ request (docs/architecture.md §7, the llm backend; the forms and their inputs: 
 
 Both read the guided-decoding (``guided.py``) and logits (``logits.py``) inputs too, and
 return a ``ParsedRequest``: the request and, for error messages, the client's name of each
-executor field. A bad input raises INVALID_ARG naming it.
+executor field. A bad input raises INVALID_ARG naming it. Both check the prompt's size against
+the model's ``PromptBounds`` first (``prompt_bounds.py``): bytes before any text is decoded or
+tokenized, ``input_ids`` before its ids are read; text is tokenized with the GIL released.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from shoal.workers.backends.llm.guided import FIELD_NAMES as GUIDED_FIELD_NAMES
 from shoal.workers.backends.llm.guided import guided_params
 from shoal.workers.backends.llm.logits import FIELD_NAMES as LOGITS_FIELD_NAMES
 from shoal.workers.backends.llm.logits import apply_logits_inputs
+from shoal.workers.backends.llm.prompt_bounds import PromptBounds, element_size, encode
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -92,8 +95,10 @@ def _top_k(value: int | None, name: str) -> int | None:
     return value
 
 
-def tensor_request(inputs: dict[str, npt.NDArray[Any]], exclude_input: bool) -> ParsedRequest:
+def tensor_request(inputs: dict[str, npt.NDArray[Any]], exclude_input: bool,
+                   bounds: PromptBounds) -> ParsedRequest:
     """The tensor form (TensorRT-LLM's names) of one batch item's inputs."""
+    bounds.check_tokens("input_ids", int(inputs["input_ids"].size))
     ids = [int(t) for t in inputs["input_ids"].reshape(-1)]
     length = _int(inputs, "input_lengths")
     if length is not None:
@@ -149,7 +154,9 @@ def _word_list(inputs: dict[str, npt.NDArray[Any]], name: str) -> list[list[int]
     return words or None
 
 
-def _one_text(inputs: dict[str, npt.NDArray[Any]], name: str) -> str:
+def _one_text(inputs: dict[str, npt.NDArray[Any]], name: str, bounds: PromptBounds) -> str:
+    for item in inputs[name].reshape(-1):  # before anything is decoded
+        bounds.check_bytes(f"input '{name}'", element_size(item))
     texts = _text(inputs[name], name)
     if len(texts) != 1:
         raise invalid_arg(f"input '{name}' must hold one string, got {len(texts)}")
@@ -159,31 +166,31 @@ def _one_text(inputs: dict[str, npt.NDArray[Any]], name: str) -> str:
 
 
 def _prompt_ids(inputs: dict[str, npt.NDArray[Any]], tokenizer: Tokenizer,
-                chat_template: ChatTemplate | None) -> list[int]:
+                chat_template: ChatTemplate | None, bounds: PromptBounds) -> list[int]:
     """The prompt's token ids: ``text_input`` encoded as is, or ``messages`` through the chat
     template (encoded without added special tokens, as ``apply_chat_template`` does)."""
     if "messages" not in inputs:
-        ids: list[int] = tokenizer.encode(_one_text(inputs, "text_input")).ids
-        return ids
+        return encode(tokenizer, _one_text(inputs, "text_input", bounds))
     if "text_input" in inputs:
         raise invalid_arg("send either input 'text_input' or 'messages', not both")
     from shoal.workers.backends.llm.chat_template import parse_messages
 
-    messages = parse_messages(_one_text(inputs, "messages"))
+    messages = parse_messages(_one_text(inputs, "messages", bounds))
     if chat_template is None:
         raise invalid_arg("input 'messages' needs a chat template, and this model's checkpoint "
                           "has none (tokenizer_config.json 'chat_template' or "
                           "chat_template.jinja); send text_input")
-    chat_ids: list[int] = tokenizer.encode(chat_template.render(messages),
-                                           add_special_tokens=False).ids
-    return chat_ids
+    rendered = chat_template.render(messages)
+    bounds.check_bytes("input 'messages' (rendered with the chat template)",
+                       len(rendered.encode()))
+    return encode(tokenizer, rendered, add_special_tokens=False)
 
 
 def text_request(inputs: dict[str, npt.NDArray[Any]], tokenizer: Tokenizer,
                  eos_token_id: int | None, exclude_input: bool,
-                 chat_template: ChatTemplate | None) -> ParsedRequest:
+                 chat_template: ChatTemplate | None, bounds: PromptBounds) -> ParsedRequest:
     """The text form (``text_input`` or ``messages``) of one batch item's inputs."""
-    ids = _prompt_ids(inputs, tokenizer, chat_template)
+    ids = _prompt_ids(inputs, tokenizer, chat_template, bounds)
     max_tokens = _int(inputs, "max_tokens")
     request = Request(
         ids, TEXT_DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
@@ -195,8 +202,8 @@ def text_request(inputs: dict[str, npt.NDArray[Any]], tokenizer: Tokenizer,
             top_p=_float(inputs, "top_p"), seed=_seed(inputs)),
         output_config=OutputConfig(exclude_input_from_output=exclude_input),
         end_id=_end_id(inputs, eos_token_id), pad_id=_int(inputs, "pad_id"),
-        stop_words=_text_words(inputs, "stop_words", tokenizer),
-        bad_words=_text_words(inputs, "bad_words", tokenizer),
+        stop_words=_text_words(inputs, "stop_words", tokenizer, bounds),
+        bad_words=_text_words(inputs, "bad_words", tokenizer, bounds),
         guided_decoding_params=guided_params(inputs))
     apply_logits_inputs(request, inputs)
     prompt_name = "messages" if "messages" in inputs else "text_input"
@@ -218,14 +225,16 @@ def _text(array: npt.NDArray[Any], name: str) -> list[str]:
     return texts
 
 
-def _text_words(inputs: dict[str, npt.NDArray[Any]], name: str,
-                tokenizer: Tokenizer) -> list[list[int]] | None:
+def _text_words(inputs: dict[str, npt.NDArray[Any]], name: str, tokenizer: Tokenizer,
+                bounds: PromptBounds) -> list[list[int]] | None:
     array = inputs.get(name)
     if array is None:
         return None
+    bounds.check_bytes(f"input '{name}' (all words)",
+                       sum(element_size(item) for item in array.reshape(-1)))
     words: list[list[int]] = []
     for index, text in enumerate(_text(array, name)):
-        ids: list[int] = tokenizer.encode(text, add_special_tokens=False).ids
+        ids = encode(tokenizer, text, add_special_tokens=False)
         if not ids:
             raise invalid_arg(f"input '{name}'[{index}] must not be empty")
         words.append(ids)
