@@ -30,7 +30,7 @@ import numpy as np
 from shoal.dtypes import FIXED_NUMPY, element_size, is_datatype
 from shoal.errors import ErrorCode, ShoalError, invalid_arg
 from shoal.messages import Error, Lease, OutputTarget, RequestedOutput, Result, TensorRef
-from shoal.shm.arena import Arena, Slot
+from shoal.shm.arena import Arena, Slot, never_fits
 from shoal.shm.client_regions import ClientRegions
 from shoal.shm.tensors import array_to_bytes, wire_nbytes, write_array
 from shoal.workers.backends.base import BackendResponse, OutputTensor
@@ -104,7 +104,40 @@ class OutputWriter:
         requested: list[list[RequestedOutput]],
         responses: list[BackendResponse | Error],
     ) -> tuple[list[Result], Lease | None]:
-        """Copy a batch's responses out; returns one Result per request and the shared lease."""
+        """Copy a batch's responses out; returns one Result per request and the shared lease.
+        A response whose outputs alone could never fit the arena gets its own INVALID_ARG
+        error and the rest are written; responses that each fit but together cannot is a
+        batch-wide UNAVAILABLE (the batch was too large, not any request)."""
+        try:
+            return self._write_batch(request_ids, requested, responses)
+        except ShoalError as exc:
+            if exc.code is not ErrorCode.INVALID_ARG or len(responses) < 2:
+                raise
+            screened = [self._never_fitting(response, wanted)
+                        for response, wanted in zip(responses, requested, strict=True)]
+            if all(s is r for s, r in zip(screened, responses, strict=True)):
+                raise ShoalError(ErrorCode.UNAVAILABLE,
+                                 f"the outputs of a batch of {len(responses)} requests do not "
+                                 f"fit in shared memory together ({exc.message})") from exc
+            return self.write_results(request_ids, requested, screened)
+
+    def _never_fitting(self, response: BackendResponse | Error, wanted: list[RequestedOutput]
+                       ) -> BackendResponse | Error:
+        """``response``, or the error of its outputs alone being larger than the arena."""
+        if isinstance(response, Error):
+            return response
+        placed = self._place(response, wanted)
+        if isinstance(placed, _Placed) and placed.arena_bytes > self._arena.max_bytes:
+            return error_of(never_fits(placed.arena_bytes, self._arena.max_bytes),
+                            in_response=True)
+        return response
+
+    def _write_batch(
+        self,
+        request_ids: list[int],
+        requested: list[list[RequestedOutput]],
+        responses: list[BackendResponse | Error],
+    ) -> tuple[list[Result], Lease | None]:
         plain = self._write_plain(request_ids, requested, responses)
         if plain is not None:
             return plain

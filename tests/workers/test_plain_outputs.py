@@ -169,3 +169,29 @@ def test_undelivered_outputs_are_the_response_error_a_model_error_is_not(
     assert results[2].error == model_error and results[3].error is None
     assert lease is not None
     plain.release(lease.lease_id)
+
+
+def test_a_response_that_alone_never_fits_fails_alone(
+        writers: tuple[Arena, OutputWriter, Arena, OutputWriter]) -> None:
+    """A batch over the arena's limit (1 MiB here) because of one response: that response's
+    request gets INVALID_ARG naming the limit, the others are written and answered."""
+    for arena, writer in (writers[:2], writers[2:]):
+        small = BackendResponse([OutputTensor("Y", "FP32", np.ones((1, 64), np.float32))])
+        huge = BackendResponse([OutputTensor("Y", "FP32", np.ones((1, 300_000), np.float32))])
+        results, lease = writer.write_results([1, 2, 3], [[], [], []], [small, huge, small])
+        assert [r.error is None for r in results] == [True, False, True]
+        error = results[1].error
+        assert error is not None and error.code is ErrorCode.INVALID_ARG
+        assert "--shm-arena-byte-size" in error.message
+        assert lease is not None
+        assert np.frombuffer(_contents(arena, results)[0][0], np.float32).tolist() == [1.0] * 64
+
+
+def test_responses_that_each_fit_but_not_together_are_a_retryable_batch_error(
+        writers: tuple[Arena, OutputWriter, Arena, OutputWriter]) -> None:
+    for _, writer in (writers[:2], writers[2:]):
+        half = BackendResponse([OutputTensor("Y", "FP32", np.ones((1, 150_000), np.float32))])
+        with pytest.raises(ShoalError) as info:
+            writer.write_results([1, 2], [[], []], [half, half])
+        assert info.value.code is ErrorCode.UNAVAILABLE
+        assert "a batch of 2 requests" in info.value.message
