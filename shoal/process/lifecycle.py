@@ -39,17 +39,27 @@ def ignore_group_signals() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def die_with_parent(sig: int = STOP_SIGNAL) -> None:
+def die_with_parent(sig: int = STOP_SIGNAL) -> int:
     """Ask the kernel to send ``sig`` to this process when its parent dies (Linux prctl).
-    Also covers the race where the parent died before the call (then send it ourselves)."""
+    Also covers the race where the parent died before the call (then send it ourselves).
+    Returns the parent's pid as of the call: ``parent_died`` compares against it. What a
+    process does on ``sig`` is its own contract: every shoal child drains its work first (a
+    dead parent is a stop like SIGTERM's, not a crash)."""
     parent = os.getppid()
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
     except (OSError, AttributeError):
-        return
+        return parent
     if os.getppid() != parent or parent == 1:
         os.kill(os.getpid(), sig)
+    return parent
+
+
+def parent_died(parent: int) -> bool:
+    """True when the process that was this one's parent (pid ``parent``, from
+    ``die_with_parent``) is gone: this process was re-parented (to init or a subreaper)."""
+    return os.getppid() != parent
 
 
 def log_level(verbose: int, info: bool = True, warning: bool = True, error: bool = True) -> int:
