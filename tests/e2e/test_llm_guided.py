@@ -195,7 +195,10 @@ def test_bad_guides_are_400_and_the_model_keeps_serving(
             (guided_body("x", "json_schema", "{"), "invalid JSON schema"),
             (guided_body("x", "xml"), "guided_decoding_guide_type"),
             (guided_body("x", "regex"), "guided_decoding_guide"),
-            (guided_body("x", "json", bad_words=["x"]), "cannot be combined with bad_words")):
+            (guided_body("x", "json", bad_words=["x"]), "cannot be combined with bad_words"),
+            # a guide over the size its compile may take is refused before it is compiled
+            (guided_body("x", "regex", "(" + "|".join(f"w{i}" for i in range(20_000)) + ")"),
+             "over the limit of 65536 bytes")):
         r = generate(llm_server, "generate", body)
         assert r.status_code == 400, r.text
         assert message in r.json()["error"], r.json()

@@ -68,6 +68,9 @@ def test_text_form_carries_the_guide_and_json_needs_none(tokenizer: Any) -> None
     ({"guided_decoding_guide_type": [b"regex", b"json"]}, "must hold one string"),
     ({"guided_decoding_guide_type": [b"regex"], "guided_decoding_guide": [b"\xff"]},
      "not valid UTF-8"),
+    ({"guided_decoding_guide_type": [b"regex"], "guided_decoding_guide": [b"a" * 65537]},
+     "input 'guided_decoding_guide' is 65537 bytes, over the limit of 65536 bytes"),
+    ({"guided_decoding_guide_type": [b"r" * 65]}, "guided_decoding_guide_type' is 65 bytes"),
 ])
 def test_malformed_guide_inputs_are_refused_by_name(inputs: dict[str, Any], named: str) -> None:
     with pytest.raises(ShoalError, match=named):
