@@ -45,7 +45,6 @@ stream early (client gone) closes the DataPlane's iterator, which cancels the re
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
@@ -224,7 +223,7 @@ def output_value(ref: TensorRef, view: memoryview) -> Any:
         return value[0]
     element = np.frombuffer(view, dtypes.numpy_dtype(ref.datatype), 1).item()
     if isinstance(element, float) and not math.isfinite(element):
-        return orjson.Fragment(json.dumps(element))  # NaN / Infinity, as infer writes them
+        return value[0]  # the string "NaN" / "Infinity" / "-Infinity", as infer writes it
     return element
 
 

@@ -181,7 +181,12 @@ def test_output_values_unwrap_one_element() -> None:
     listed = output_value(ref("FP32", [2]), memoryview(np.array([1, 2], np.float32).tobytes()))
     assert orjson.loads(orjson.dumps(listed, option=orjson.OPT_SERIALIZE_NUMPY)) == [1.0, 2.0]
     nan = output_value(ref("FP64", [1]), memoryview(np.float64(math.nan).tobytes()))
-    assert orjson.dumps({"v": nan}) == b'{"v":NaN}'
+    assert orjson.dumps({"v": nan}) == b'{"v":"NaN"}'  # as infer writes it: valid JSON
+    inf = output_value(ref("FP32", [1]), memoryview(np.float32(-math.inf).tobytes()))
+    assert orjson.dumps({"v": inf}) == b'{"v":"-Infinity"}'
+    listed_nan = output_value(ref("FP32", [2]),
+                              memoryview(np.array([math.inf, 1], np.float32).tobytes()))
+    assert orjson.dumps(listed_nan) == b'["Infinity",1.0]'
     with pytest.raises(ShoalError, match="FP16 data via JSON is not supported"):
         output_value(ref("FP16", [1]), memoryview(np.float16(1).tobytes()))
 
