@@ -8,14 +8,22 @@ as one InferRequestBatch, carrying that iteration's lease releases too (``releas
 with no request to ride on go as one ReleaseLeases. One socket send per iteration, however many
 requests and releases arrived together; a lone request still goes out in the next iteration, so
 no latency is added.
+
+The broker's death (``watch_broker``: its pidfd turns readable) ends everything at once: every
+pending request and open stream gets a final UNAVAILABLE answer naming it (``BROKER_EXITED``),
+statistics and model-control calls raise that error, and every later request is answered so at
+once; nothing is sent any more. The supervisor then stops the whole server.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Callable
+from typing import Final
 
+from shoal.errors import ErrorCode, ShoalError
 from shoal.frontend.broker_socket import BrokerSocket
 from shoal.messages import (
     CacheFigures,
@@ -23,6 +31,7 @@ from shoal.messages import (
     ClientRegion,
     ControlReply,
     CudaHandle,
+    Error,
     ForgetCudaHandles,
     Hello,
     InferRequest,
@@ -50,6 +59,7 @@ logger = logging.getLogger(__name__)
 # Bounded explicitly (never 0 = unbounded): admission control happens in the broker's schedulers,
 # this only caps what may sit in the pipe.
 _HWM = 100_000
+BROKER_EXITED: Final = "the broker exited unexpectedly: the server is stopping"
 
 
 class _ReleasingQueue(asyncio.Queue[InferResponse]):
@@ -89,6 +99,12 @@ class BrokerClient:
         self._outbox: list[InferRequest] = []
         self._flush_scheduled = False
         self._next_query = 1
+        self._broker_pidfd: int | None = None
+        self._gone: Error | None = None  # set once the broker exited
+
+    @property
+    def broker_gone(self) -> bool:
+        return self._gone is not None
 
     @property
     def in_flight(self) -> int:
@@ -140,10 +156,62 @@ class BrokerClient:
         elif response.lease is not None:
             self.release(response.lease)
 
+    def watch_broker(self, pid: int) -> None:
+        """End everything at once (``broker_exited``) when process ``pid``, the broker, exits
+        (its pidfd, read on this loop). No pidfd support: not watched (the supervisor still
+        stops the server; requests in flight then wait for the exit timeout)."""
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            self.broker_exited()
+            return
+        except OSError as exc:
+            logger.warning("cannot watch the broker (pid %d): %s", pid, exc)
+            return
+        self._broker_pidfd = fd
+        asyncio.get_running_loop().add_reader(fd, self._on_broker_pidfd)
+
+    def _on_broker_pidfd(self) -> None:
+        self._unwatch_broker()
+        self.broker_exited()
+
+    def _unwatch_broker(self) -> None:
+        fd, self._broker_pidfd = self._broker_pidfd, None
+        if fd is not None:
+            asyncio.get_running_loop().remove_reader(fd)
+            os.close(fd)
+
+    def broker_exited(self) -> None:
+        """The broker is gone: every request and stream in flight ends now with a final
+        UNAVAILABLE answer (stream consumers' ``on_end`` runs first, as for any final answer);
+        pending statistics and control calls raise it. Idempotent."""
+        if self._gone is not None:
+            return
+        error = self._gone = Error(ErrorCode.UNAVAILABLE, BROKER_EXITED)
+        logger.error("the broker exited: ending %d requests in flight", self.in_flight)
+        self._outbox, self._releases = [], []  # nobody to send them to
+        pending, self._pending = self._pending, {}
+        for request_id, future in pending.items():
+            if not future.done():
+                future.set_result(InferResponse(request_id, error=error))
+        streams, self._streams = self._streams, {}
+        for request_id, (queue, on_end) in streams.items():
+            on_end()
+            queue.put_nowait(InferResponse(request_id, error=error))
+        queries: list[asyncio.Future[StatsReply] | asyncio.Future[ControlReply]] = [
+            *self._stats.values(), *self._controls.values()]
+        self._stats, self._controls = {}, {}
+        for query in queries:
+            if not query.done():
+                query.set_exception(ShoalError(ErrorCode.UNAVAILABLE, BROKER_EXITED))
+
     def submit(self, request: InferRequest) -> asyncio.Future[InferResponse]:
         """Queue the request (sent with this iteration's others); the future resolves with the
         broker's terminal answer."""
         future: asyncio.Future[InferResponse] = asyncio.get_running_loop().create_future()
+        if self._gone is not None:
+            future.set_result(InferResponse(request.request_id, error=self._gone))
+            return future
         self._pending[request.request_id] = future
         self._outbox.append(request)
         self._schedule_flush()
@@ -154,6 +222,10 @@ class BrokerClient:
         """Queue the request; every answer (the last one ``final``) lands in the returned
         queue. ``on_end`` runs when the final answer arrives, whoever consumes the queue."""
         queue: asyncio.Queue[InferResponse] = asyncio.Queue()
+        if self._gone is not None:
+            asyncio.get_running_loop().call_soon(on_end)
+            queue.put_nowait(InferResponse(request.request_id, error=self._gone))
+            return queue
         self._streams[request.request_id] = (queue, on_end)
         self._outbox.append(request)
         self._schedule_flush()
@@ -199,6 +271,8 @@ class BrokerClient:
         self._send(figures)
 
     def release(self, lease: Lease) -> None:
+        if self._gone is not None:
+            return  # its worker's segment goes with the instance
         self._releases.append(lease)
         self._schedule_flush()
 
@@ -226,6 +300,8 @@ class BrokerClient:
         query_id = self._next_query
         self._next_query += 1
         future: asyncio.Future[StatsReply] = asyncio.get_running_loop().create_future()
+        if self._gone is not None:
+            raise ShoalError(ErrorCode.UNAVAILABLE, BROKER_EXITED)
         self._stats[query_id] = future
         self._send(StatsRequest(query_id, model, version, custom_metrics))
         try:
@@ -240,6 +316,8 @@ class BrokerClient:
         query_id = self._next_query
         self._next_query += 1
         future: asyncio.Future[ControlReply] = asyncio.get_running_loop().create_future()
+        if self._gone is not None:
+            raise ShoalError(ErrorCode.UNAVAILABLE, BROKER_EXITED)
         self._controls[query_id] = future
         self._send(make(query_id))
         try:
@@ -249,7 +327,9 @@ class BrokerClient:
 
     def _send(self, message: Message) -> None:
         # At once below the high-water mark; past it, queued in order (BrokerSocket).
-        self._socket.send(encode(message))
+        if self._gone is None:
+            self._socket.send(encode(message))
 
     async def close(self) -> None:
+        self._unwatch_broker()
         self._socket.close()

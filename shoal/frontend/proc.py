@@ -1,8 +1,11 @@
 """The frontend process: HTTP, gRPC (and metrics) servers over one FrontendDataPlane.
 
-Entry: ``python -m shoal.frontend <Settings JSON>``. STOP_SIGNAL (from the supervisor) starts a
-graceful exit: health turns 503, new requests are refused, in-flight requests finish (bounded by
---exit-timeout-secs), then the servers stop and the input arena is unlinked.
+Entry: ``python -m shoal.frontend <Settings JSON> <index> <broker pid>``. STOP_SIGNAL (from the
+supervisor) starts a graceful exit: health turns 503, new requests are refused, in-flight
+requests finish (bounded by --exit-timeout-secs), then the servers stop and the input arena is
+unlinked. The broker's exit (its pid watched through a pidfd, ``BrokerClient.watch_broker``)
+ends every request and stream in flight at once with an UNAVAILABLE error naming the broker;
+the supervisor then stops the server.
 """
 
 from __future__ import annotations
@@ -120,11 +123,15 @@ async def _start_grpc(dataplane: FrontendDataPlane, settings: Settings,
     return server
 
 
-async def serve_frontend(settings: Settings, index: int = 0) -> None:
+async def serve_frontend(settings: Settings, index: int = 0,
+                         broker_pid: int | None = None) -> None:
+    """``broker_pid``: the broker process to watch (None: not watched, in-process tests)."""
     fds_before, fd_limit = raise_descriptor_limit()
     budget = plan_descriptor_budget(fd_limit, settings, settings.allow_metrics and index == 0)
     log_descriptor_budget(fds_before, budget, settings)
     dataplane = FrontendDataPlane(settings, index)
+    if broker_pid is not None:
+        dataplane.client.watch_broker(broker_pid)
     await dataplane.start()
     # a change through the logging API holds server-wide: the broker and the workers follow
     log_settings = ProcessLogSettings(
@@ -237,5 +244,6 @@ def main(argv: list[str] | None = None) -> int:
     hold_instance_lock(settings)
     die_with_parent(STOP_SIGNAL)
     index = int(args[1]) if len(args) > 1 else 0
-    uvloop.run(serve_frontend(settings, index))
+    broker_pid = int(args[2]) if len(args) > 2 else None
+    uvloop.run(serve_frontend(settings, index, broker_pid))
     return 0

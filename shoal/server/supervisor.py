@@ -76,9 +76,12 @@ class Supervisor:
                           for index in range(self.settings.http_workers)]
 
     def spawn_frontend(self, index: int) -> subprocess.Popen[bytes]:
+        """Frontend ``index``; it watches the broker's pid (argv) and ends every request in
+        flight at once when the broker dies."""
+        assert self.broker is not None
         return subprocess.Popen(
             [sys.executable, "-m", "shoal.frontend", self.settings.to_json().decode(),
-             str(index)], stdin=subprocess.DEVNULL)
+             str(index), str(self.broker.pid)], stdin=subprocess.DEVNULL)
 
     def run(self) -> int:
         self.start_children()

@@ -19,8 +19,11 @@ Sockets (all DEALERs to the broker's worker ROUTER):
                     thread, which only sets flags, queues forgets (applied between batches) and
                     sets the root logger's level.
 
-Lifecycle: load -> WorkerReady (or WorkerLoadFailed and exit 1); WorkerShutdown, STOP_SIGNAL or
-the parent's death -> finalize the model, unlink own segments, exit 0.
+Lifecycle: load -> WorkerReady (or WorkerLoadFailed and exit 1); WorkerShutdown or STOP_SIGNAL
+-> finalize the model, unlink own segments, exit 0. The parent's (the broker's) death, which
+the kernel announces with STOP_SIGNAL, leaves nobody to answer to: the worker stops at once,
+abandoning a load or an execute in progress (SystemExit raised in the main thread; the model is
+still finalized and the segments unlinked), exit 1.
 """
 
 from __future__ import annotations
@@ -69,6 +72,7 @@ from shoal.process.lifecycle import (
     die_with_parent,
     hold_instance_lock,
     ignore_group_signals,
+    parent_died,
     setup_logging,
 )
 from shoal.settings import WorkerSettings
@@ -105,6 +109,7 @@ class WorkerProc:
         self.spec = spec
         self.settings = settings
         self.stopping = False
+        self.closing = False  # close() began: a stop signal no longer interrupts anything
         self.context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self.socket = self._connect("")
         self.stream_socket = self._connect("#s")
@@ -301,7 +306,7 @@ class WorkerProc:
         return written
 
     def close(self) -> None:
-        self.stopping = True
+        self.stopping = self.closing = True
         if self.backend is not None:
             try:
                 self.backend.unload()
@@ -320,11 +325,18 @@ class WorkerProc:
             sock.close(linger=500)
 
 
-def run_worker(spec: WorkerSpec, settings: WorkerSettings) -> int:
+def run_worker(spec: WorkerSpec, settings: WorkerSettings, parent: int | None = None) -> int:
+    """``parent``: the broker's pid (``die_with_parent``); None: its death is not told apart
+    from a plain STOP_SIGNAL."""
     proc = WorkerProc(spec, settings)
 
     def on_stop(signum: int, frame: FrameType | None) -> None:
         proc.stopping = True
+        if parent is not None and parent_died(parent) and not proc.closing:
+            proc.closing = True  # once: the finalize below is not interrupted
+            logger.warning("the broker died: model %s instance %s stops now, abandoning its "
+                           "work", spec.model_name, spec.instance_name)
+            raise SystemExit(1)
 
     ignore_group_signals()
     signal.signal(STOP_SIGNAL, on_stop)
@@ -354,5 +366,5 @@ def main(argv: list[str] | None = None) -> int:
     if spec.log_level:  # the logging API's change before this spawn
         logging.getLogger().setLevel(spec.log_level)
     hold_instance_lock(settings)  # before any segment: a sweep must see this instance live
-    die_with_parent(STOP_SIGNAL)
-    return run_worker(spec, settings)
+    parent = die_with_parent(STOP_SIGNAL)
+    return run_worker(spec, settings, parent)
