@@ -4,7 +4,8 @@
   ModelStreamInfer, HTTP generate_stream) and unary requests receive every response, then the
   children exit and leave nothing in /dev/shm.
 - The broker SIGKILLed: every open stream and unary request ends at once with an error naming
-  the broker (not at --exit-timeout-secs), then the server stops with exit code 1.
+  the broker (not at --exit-timeout-secs), then the server stops with exit code 1 and every
+  process exits, a worker in the middle of a long execute included.
 """
 
 from __future__ import annotations
