@@ -51,9 +51,22 @@ def die_with_parent(sig: int = STOP_SIGNAL) -> int:
         libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
     except (OSError, AttributeError):
         return parent
-    if os.getppid() != parent or parent == 1:
+    if os.getppid() != parent or (parent == 1 and not _init_is_shoal()):
         os.kill(os.getpid(), sig)
     return parent
+
+
+def _init_is_shoal() -> bool:
+    """Whether pid 1 (of this pid namespace) is a shoal process. A parent pid of 1 means either
+    that the parent died before ``prctl`` and this process was re-parented to init, or that
+    shoal itself is pid 1: a container's entrypoint without an init (``docker run`` without
+    ``--init``, a Kubernetes container), whose children must not take it for dead."""
+    try:
+        with open("/proc/1/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+    except OSError:
+        return True  # cannot tell: do not stop a healthy process
+    return any(b"shoal" in os.path.basename(arg) for arg in argv[:3])
 
 
 def parent_died(parent: int) -> bool:
