@@ -168,13 +168,16 @@ class FrontendDataPlane:
             self.drained.set()
 
     def is_live(self) -> bool:
-        return not self._exiting
+        """False once the server is stopping or the broker has exited (the supervisor then
+        stops the server: a health check must not see a server that can answer nothing)."""
+        return not self._exiting and not self.client.broker_gone
 
     def is_exiting(self) -> bool:
         return self._exiting
 
     def is_ready(self) -> bool:
-        if self._exiting or not self._connected or self._snapshot.exiting:
+        if self._exiting or not self._connected or self._snapshot.exiting \
+                or self.client.broker_gone:
             return False
         return self._snapshot.models_ready or not self.settings.strict_readiness
 
