@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> None:
     from bench import realistic
     from shoal.config.model_config import config_to_json, parse_config_text
     from shoal.messages import Batch, RequestedOutput, TensorRef, WorkerRequest, WorkerSpec, encode
-    from shoal.settings import Settings
+    from shoal.settings import settings_from_flags
     from shoal.shm.arena import Arena
     from shoal.workers.proc import WorkerProc
 
@@ -59,7 +59,8 @@ def run(args: argparse.Namespace) -> None:
         realistic.shoal_model(tmp)
         config = parse_config_text(realistic.SHOAL_CONFIG, "bench")
         instance = uuid.uuid4().hex[:8]
-        settings = Settings(model_repositories=[str(tmp)], instance_id=instance)
+        settings = settings_from_flags(model_repositories=[str(tmp)],
+                                       instance_id=instance).for_workers()
         spec = WorkerSpec(
             identity="bench", model_name=realistic.NAME, model_version=1,
             model_dir=str(tmp / realistic.NAME), version_dir=str(tmp / realistic.NAME / "1"),

@@ -73,7 +73,7 @@ from shoal.messages import (
     WorkerReady,
     WorkerSpec,
 )
-from shoal.settings import Settings
+from shoal.settings import BrokerSettings
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ WorkerSpawner = Callable[[WorkerSpec, float], WorkerHandle]
 
 
 class BrokerLoop:
-    def __init__(self, settings: Settings, models: ModelManager,
+    def __init__(self, settings: BrokerSettings, models: ModelManager,
                  spawn_worker: WorkerSpawner = spawn_worker) -> None:
         """``spawn_worker`` starts a model instance's process (``pool.spawn_worker``); the
         in-process test harness (``tests/broker/harness.py``) passes one that starts a stand-in
@@ -98,11 +98,11 @@ class BrokerLoop:
         self.spawn_worker = spawn_worker
         self.models = models
         self.context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
-        self.frontends = FrontendLink(self.context, f"ipc://{settings.runtime_dir}/frontend.sock",
+        self.frontends = FrontendLink(self.context, f"ipc://{settings.instance.runtime_dir}/frontend.sock",
                                       self.forward_releases)
         self.answers = Answers(self.frontends)
         self.answer, self.finish_error = self.answers.answer, self.answers.finish_error
-        self.worker_endpoint = f"ipc://{settings.runtime_dir}/worker.sock"
+        self.worker_endpoint = f"ipc://{settings.instance.runtime_dir}/worker.sock"
         self.poller = zmq.Poller()
         self.poller.register(self.frontends.socket, zmq.POLLIN)
         self.workers = WorkerLink(self.context, self.worker_endpoint, self.poller)
@@ -120,8 +120,8 @@ class BrokerLoop:
         # --rate-limit execution_count: batches start only when granted (rate_limiter/)
         self.dispatcher = Dispatcher(
             self.workers, self.held_releases,
-            RateLimiter(settings.rate_limit_resources)
-            if settings.rate_limit == "execution_count" else None, self.finish_error)
+            RateLimiter(settings.rate_limit.resources)
+            if settings.rate_limit.mode == "execution_count" else None, self.finish_error)
         self.intake = RequestIntake(models, self.workers, self.answer, self.finish_error,
                                     self.dispatcher.dispatch)
         self.ensembles = EnsembleDriver(self.intake.submit, self.answer, self.forward_releases,
@@ -359,7 +359,7 @@ class BrokerLoop:
         """Every _HEALTH_PERIOD_S: kill every worker that is silent or overdue (health.py); its
         exit then fails what it held and restarts it with back-off."""
         if self.health.due(now) and not self.stopping:
-            self.workers.kill_overdue(now, self.settings.worker_heartbeat_timeout_secs)
+            self.workers.kill_overdue(now, self.settings.worker_watch.heartbeat_timeout_secs)
 
     def fail_queued(self, runtime: ModelVersionRuntime, now: float, message: str = "") -> None:
         error = Error(ErrorCode.UNAVAILABLE, message or

@@ -51,7 +51,7 @@ from shoal.messages import (
     StateBinding,
     WorkerRequest,
 )
-from shoal.settings import Settings
+from shoal.settings import BrokerSettings
 
 _MAX_LOAD_FAILURES = 5
 
@@ -280,7 +280,7 @@ def earliest_deadline(runtimes: Iterable[ModelVersionRuntime], now: float,
     return deadline
 
 
-def build_runtime(source: ModelSource, version: int, settings: Settings, serial: int = 0
+def build_runtime(source: ModelSource, version: int, settings: BrokerSettings, serial: int = 0
                   ) -> ModelVersionRuntime:
     """``serial``: unique per runtime of this broker (names its state segments)."""
     import orjson
@@ -296,7 +296,7 @@ def build_runtime(source: ModelSource, version: int, settings: Settings, serial:
         scheduler = DefaultScheduler()
     instances = [InstanceSlot(name, kind, device_id)
                  for name, kind, device_id, _group in instance_names(config)]
-    if settings.rate_limit != "off":  # off: Triton ignores resources and priority entirely
+    if settings.rate_limit.mode != "off":  # off: Triton ignores resources and priority entirely
         try:
             needs = instance_needs(config)
         except ShoalError as error:
@@ -311,8 +311,9 @@ def build_runtime(source: ModelSource, version: int, settings: Settings, serial:
         if config.sequence_batching.state and is_decoupled(config):
             raise unsupported(f"model '{config.name}': implicit sequence state ('state' in "
                               "sequence_batching) is not supported for decoupled models")
-        states = store_factory(config, source.model_dir, f"{settings.segment_prefix}st{serial}-",
-                               settings.shm_segment_bytes, settings.shm_arena_max_bytes)
+        states = store_factory(config, source.model_dir,
+                               f"{settings.instance.segment_prefix}st{serial}-",
+                               settings.shm.segment_bytes, settings.shm.arena_max_bytes)
         scheduling = SequenceScheduling(config, len(instances), states)
     return ModelVersionRuntime(
         source=source, version=version,
@@ -334,12 +335,12 @@ def check_iterative(config: Any) -> None:
                               "supported with iterative_sequence")
 
 
-def execution_timeout(config: Any, settings: Settings) -> float:
+def execution_timeout(config: Any, settings: BrokerSettings) -> float:
     """The model parameter ``shoal_execution_timeout_secs`` (0 = none), else the server's
     ``--model-execution-timeout-secs``."""
     parameter = config.parameters.get("shoal_execution_timeout_secs")
     if parameter is None:
-        return settings.execution_timeout_secs
+        return settings.worker_watch.execution_timeout_secs
     try:
         value = float(parameter.string_value)
     except ValueError:

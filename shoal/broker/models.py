@@ -51,7 +51,7 @@ from shoal.messages import (
     WorkerSpec,
 )
 from shoal.process.devices import visible_gpu_count
-from shoal.settings import Settings
+from shoal.settings import BrokerSettings
 from shoal.workers.backends.catalog import builtin_backend
 from shoal.workers.backends.python_based import python_based_backend_file
 
@@ -109,12 +109,12 @@ class SourceRead:
     versions: tuple[int, ...] = ()
 
 
-def model_temp_root(settings: Settings) -> str:
-    return settings.model_temp_root or os.path.join(settings.runtime_dir, "models")
+def model_temp_root(settings: BrokerSettings) -> str:
+    return settings.model_control.temp_root or os.path.join(settings.instance.runtime_dir, "models")
 
 
 class ModelManager:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: BrokerSettings) -> None:
         self.settings = settings
         self.records: dict[str, ModelRecord] = {}
         self.repository_models: dict[str, str] = {}  # name -> model dir, from the last scan
@@ -133,10 +133,10 @@ class ModelManager:
         entry = builtin_backend(backend)
         from_model_file = entry.file_auto_complete if entry is not None else None
         if from_model_file is not None:
-            default_max_batch = int(self.settings.backend_setting(
+            default_max_batch = int(self.settings.backend.setting(
                 backend, "default-max-batch-size", "4"))
             return from_model_file(model_dir, config, default_max_batch)
-        backend_file = (python_based_backend_file(backend, self.settings.backend_directory)
+        backend_file = (python_based_backend_file(backend, self.settings.backend.directory)
                         if entry is None else None)
         completed: ModelConfig = python_auto_complete(  # type: ignore[assignment]
             model_dir, config, backend_file)
@@ -147,7 +147,7 @@ class ModelManager:
     def discover(self) -> None:
         """Rescan the repositories' model names (loop thread; directory listings only)."""
         try:
-            self.repository_models = discover_models(self.settings.model_repositories)
+            self.repository_models = discover_models(self.settings.model_control.repositories)
             self.repository_failure = ""
         except ShoalError as exc:
             self.repository_failure = exc.message
@@ -194,10 +194,10 @@ class ModelManager:
                 model_dir = check_model_directory(os.path.dirname(model_dir), name)
             source = load_model_source(
                 name, model_dir, os.path.dirname(model_dir),
-                default_max_batch_size=self.settings.default_max_batch_size,
+                default_max_batch_size=self.settings.backend.default_max_batch_size,
                 gpu_count=self.gpu_count, auto_complete=self.auto_complete,
-                disable_auto_complete=self.settings.disable_auto_complete_config,
-                config_name=self.settings.model_config_name,
+                disable_auto_complete=self.settings.model_control.disable_auto_complete_config,
+                config_name=self.settings.model_control.config_name,
                 config_override=config_override)
             return SourceRead(source, materialized_dir=materialized)
         except SourceError as exc:
@@ -275,7 +275,8 @@ class ModelManager:
             version_dir=os.path.join(source.model_dir, str(runtime.version)),
             backend=runtime.backend, config_json=runtime.config_json_text,
             instance_name=slot.instance_name, kind=slot.kind, device_id=slot.device_id,
-            broker_endpoint=endpoint, arena_prefix=f"{self.settings.segment_prefix}w{serial}-",
+            broker_endpoint=endpoint,
+            arena_prefix=f"{self.settings.instance.segment_prefix}w{serial}-",
             settings=self.settings.for_workers(),
             intra_op_threads=self.intra_op_threads(runtime, slot))
 

@@ -1,4 +1,4 @@
-"""The broker process entry: ``python -m shoal.broker <Settings JSON> <status fd>``.
+"""The broker process entry: ``python -m shoal.broker <BrokerSettings JSON> <status fd>``.
 
 Stops on STOP_SIGNAL (SIGUSR1) from the supervisor, or from the kernel when the supervisor
 dies. After the supervisor's death the frontends drain at the same moment as the broker is told
@@ -31,7 +31,7 @@ from shoal.process.lifecycle import (
     setup_logging,
 )
 from shoal.process.supervision import StatusWriter
-from shoal.settings import Settings
+from shoal.settings import BrokerSettings
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ logger = logging.getLogger(__name__)
 DRAIN_SETTLE_S = 0.25
 
 
-def run_broker(settings: Settings, status_fd: int, parent: int | None = None) -> int:
+def run_broker(settings: BrokerSettings, status_fd: int, parent: int | None = None) -> int:
     """``parent``: the supervisor's pid (``die_with_parent``); None: never drain first."""
     stop_requested = False
 
@@ -65,7 +65,7 @@ def run_broker(settings: Settings, status_fd: int, parent: int | None = None) ->
             if not reported and loop.initial_load_done():
                 reported = True
                 failures = models.load_failures()
-                if failures and settings.exit_on_error:
+                if failures and settings.model_control.exit_on_error:
                     status.report("failed " + "; ".join(failures))
                     exit_code = 1
                     break
@@ -123,7 +123,7 @@ def shutdown(loop: BrokerLoop, timeout_s: float) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    settings = Settings.from_json(args[0])
+    settings = BrokerSettings.from_json(args[0])
     status_fd = int(args[1]) if len(args) > 1 else -1
     setup_logging(settings, "broker")
     hold_instance_lock(settings)  # before any segment: a sweep must see this instance live

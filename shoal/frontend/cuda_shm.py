@@ -17,7 +17,7 @@ from shoal.shm.cuda_ipc import provided_device_count
 
 if TYPE_CHECKING:
     from shoal.frontend.shm_contract import SharedMemoryRegistry
-    from shoal.settings import Settings
+    from shoal.settings import FrontendSettings
 
 # device nodes without which no CUDA runtime (hence torch) can see a GPU: Linux driver, WSL
 _CUDA_DEVICE_NODES: Final = ("/dev/nvidiactl", "/dev/dxg")
@@ -63,11 +63,12 @@ async def server_cuda_devices() -> int:
     return count
 
 
-async def register_cuda_region(registry: SharedMemoryRegistry, settings: Settings, name: str,
-                               raw_handle: bytes, device_id: int, byte_size: int) -> None:
+async def register_cuda_region(registry: SharedMemoryRegistry, settings: FrontendSettings,
+                               name: str, raw_handle: bytes, device_id: int,
+                               byte_size: int) -> None:
     """CUDA register once a transport parsed the request (HTTP and gRPC): enabled, then a name
     (a client error on any server), then a device to register on, then the registry's checks."""
-    if not settings.allow_client_shm:
+    if not settings.client_shm.allowed:
         raise unsupported(DISABLED_MESSAGE)
     if not name:
         raise invalid_arg("'region name' is necessary to register cuda shared memory region")

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-from shoal.settings import Settings
+from shoal.settings import FrontendSettings
 
 logger = logging.getLogger(__name__)
 
@@ -54,15 +54,15 @@ class DescriptorBudget:
     scaled: bool            # the caps asked for did not fit and were scaled down
 
 
-def plan_descriptor_budget(limit: int, settings: Settings, serves_metrics: bool
+def plan_descriptor_budget(limit: int, settings: FrontendSettings, serves_metrics: bool
                            ) -> DescriptorBudget:
     """Split ``limit`` descriptors. The caps asked for are kept when they fit; otherwise the
     room left after the reserve is shared in proportion (each at least MIN_CONNECTIONS)."""
     metrics = METRICS_CONNECTIONS if serves_metrics else 0
-    shm = settings.client_shm_max_regions if settings.allow_client_shm else 0
+    shm = settings.client_shm.max_regions if settings.client_shm.allowed else 0
     reserved = BASE_RESERVE + OVER_CAP_CONNECTIONS + metrics + shm
-    http = settings.http_max_connections
-    grpc = settings.grpc_max_connections if settings.allow_grpc else 0
+    http = settings.http.max_connections
+    grpc = settings.grpc.max_connections if settings.grpc.enabled else 0
     room = limit - reserved
     scaled = http + grpc > room
     if scaled:
@@ -75,7 +75,8 @@ def plan_descriptor_budget(limit: int, settings: Settings, serves_metrics: bool
                             reserved=reserved, scaled=scaled)
 
 
-def log_descriptor_budget(before: int, budget: DescriptorBudget, settings: Settings) -> None:
+def log_descriptor_budget(before: int, budget: DescriptorBudget,
+                          settings: FrontendSettings) -> None:
     """One line at start: the limit in force and the caps; a warning when caps were scaled."""
     raised = f" (raised from {before})" if before != budget.limit else ""
     logger.info("file descriptors: limit %d%s; HTTP connections capped at %d, gRPC at %d, "
@@ -87,7 +88,7 @@ def log_descriptor_budget(before: int, budget: DescriptorBudget, settings: Setti
             "the file-descriptor limit %d is too low for --http-max-connections=%d and "
             "--grpc-max-connections=%d: capped at %d and %d (raise the hard limit: ulimit -Hn, "
             "systemd LimitNOFILE=, docker --ulimit nofile=)", budget.limit,
-            settings.http_max_connections, settings.grpc_max_connections,
+            settings.http.max_connections, settings.grpc.max_connections,
             budget.http_connections, budget.grpc_connections)
 
 

@@ -1,6 +1,6 @@
 """The frontend process: HTTP, gRPC (and metrics) servers over one FrontendDataPlane.
 
-Entry: ``python -m shoal.frontend <Settings JSON> <index> <broker pid>``. STOP_SIGNAL (from the
+Entry: ``python -m shoal.frontend <settings JSON> <index> <broker pid>``. STOP_SIGNAL (from the
 supervisor) starts a graceful exit: health turns 503, new requests are refused, in-flight
 requests finish (bounded by --exit-timeout-secs), then the servers stop and the input arena is
 unlinked. The broker's exit (its pid watched through a pidfd, ``BrokerClient.watch_broker``)
@@ -46,7 +46,7 @@ from shoal.process.lifecycle import (
     setup_logging,
 )
 from shoal.process.ports import port_free, port_in_use_message
-from shoal.settings import Settings
+from shoal.settings import FrontendSettings
 from shoal.trace.config import TraceConfig
 from shoal.trace.sampling import Tracer
 
@@ -96,38 +96,38 @@ def _server(app: object, host: str, port: int, verbose: int, limits: HttpLimits)
     return _Server(config)
 
 
-def _http_limits(settings: Settings, max_connections: int, over_cap: int) -> HttpLimits:
-    return HttpLimits(header_timeout_s=settings.http_header_timeout_secs,
-                      body_timeout_s=settings.http_body_timeout_secs,
-                      idle_timeout_s=settings.http_idle_timeout_secs,
-                      max_body_bytes=settings.http_max_input_size,
+def _http_limits(settings: FrontendSettings, max_connections: int, over_cap: int) -> HttpLimits:
+    return HttpLimits(header_timeout_s=settings.http.header_timeout_secs,
+                      body_timeout_s=settings.http.body_timeout_secs,
+                      idle_timeout_s=settings.http.idle_timeout_secs,
+                      max_body_bytes=settings.http.max_input_size,
                       max_connections=max_connections, over_cap=over_cap)
 
 
-async def _start_grpc(dataplane: FrontendDataPlane, settings: Settings,
+async def _start_grpc(dataplane: FrontendDataPlane, settings: FrontendSettings,
                       log_settings: ProcessLogSettings, max_connections: int,
                       tracer: Tracer) -> Any:
     """The gRPC server, started (None with --allow-grpc=false)."""
-    if not settings.allow_grpc:
+    if not settings.grpc.enabled:
         return None
     from shoal.frontend.grpc.server import create_grpc_server
 
     try:
         server = create_grpc_server(dataplane, settings, log_settings, max_connections, tracer)
     except SystemExit:
-        if port_free(settings.grpc_address, settings.grpc_port):
+        if port_free(settings.grpc.address, settings.grpc.port):
             raise
-        raise SystemExit(port_in_use_message("gRPC", settings.grpc_address,
-                                             settings.grpc_port)) from None
+        raise SystemExit(port_in_use_message("gRPC", settings.grpc.address,
+                                             settings.grpc.port)) from None
     await server.start()
     return server
 
 
-async def serve_frontend(settings: Settings, index: int = 0,
+async def serve_frontend(settings: FrontendSettings, index: int = 0,
                          broker_pid: int | None = None) -> None:
     """``broker_pid``: the broker process to watch (None: not watched, in-process tests)."""
     fds_before, fd_limit = raise_descriptor_limit()
-    budget = plan_descriptor_budget(fd_limit, settings, settings.allow_metrics and index == 0)
+    budget = plan_descriptor_budget(fd_limit, settings, settings.metrics.enabled and index == 0)
     log_descriptor_budget(fds_before, budget, settings)
     dataplane = FrontendDataPlane(settings, index)
     if broker_pid is not None:
@@ -138,24 +138,24 @@ async def serve_frontend(settings: Settings, index: int = 0,
         LogSettings.starting(settings),
         on_change=lambda updated: dataplane.client.set_log_level(updated.python_level()))
     # the process's trace settings and sampling, shared by HTTP and gRPC
-    tracer = Tracer(TraceConfig.from_triples(settings.trace_config), index, settings.http_workers)
+    tracer = Tracer(TraceConfig.from_triples(settings.trace_config), index, settings.http.workers)
     servers = [_server(create_asgi_app(dataplane, settings, log_settings, tracer),
-                       settings.http_address,
-                       settings.http_port, settings.log_verbose,
+                       settings.http.address,
+                       settings.http.port, settings.log.verbose,
                        _http_limits(settings, budget.http_connections, budget.over_cap))]
-    listening = [("HTTP", settings.http_address, settings.http_port, True)]
+    listening = [("HTTP", settings.http.address, settings.http.port, True)]
     sampler: Sampler | None = None  # the one ops sampler: frontend 0, beside /metrics
-    if settings.allow_metrics and index == 0:
-        sampler = Sampler(dataplane, settings.instance_id)
+    if settings.metrics.enabled and index == 0:
+        sampler = Sampler(dataplane, settings.instance.instance_id)
         metrics_app = restrict_metrics_app(create_metrics_app(dataplane,
                                                               dashboard_routes(sampler)),
-                                           RestrictedApis(settings.http_restricted_apis))
-        metrics_address = settings.metrics_address or settings.http_address
+                                           RestrictedApis(settings.http.restricted_apis))
+        metrics_address = settings.metrics.address or settings.http.address
         servers.append(_server(metrics_app, metrics_address,
-                               settings.metrics_port, settings.log_verbose,
+                               settings.metrics.port, settings.log.verbose,
                                _http_limits(settings, budget.metrics_connections,
                                             METRICS_OVER_CAP)))
-        listening.append(("metrics", metrics_address, settings.metrics_port, False))
+        listening.append(("metrics", metrics_address, settings.metrics.port, False))
     http_sockets: list[socket.socket] = []  # one per server, bound here: errors name the holder
     for what, address, port, reuse_port in listening:
         try:
@@ -208,12 +208,12 @@ async def serve_frontend(settings: Settings, index: int = 0,
         tracer.close()  # after the drain: the last traces are written, the file finished
         await dataplane.close()
     if any(not s.started for s in servers):
-        raise SystemExit(f"could not listen on port {settings.http_port} or "
-                         f"{settings.metrics_port}")
+        raise SystemExit(f"could not listen on port {settings.http.port} or "
+                         f"{settings.metrics.port}")
 
 
 def stop_listening(servers: list[_Server], http_sockets: list[socket.socket], grpc_server: Any,
-                   settings: Settings) -> asyncio.Task[None]:
+                   settings: FrontendSettings) -> asyncio.Task[None]:
     """The supervisor died: close the listening sockets now, so that a new server can bind the
     ports at once; connections already open are served until the drain ends (gRPC: the calls
     in flight get the exit timeout). Returns the task that stops gRPC."""
@@ -239,7 +239,7 @@ def _listen_error(what: str, address: str, port: int, exc: OSError) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    settings = Settings.from_json(args[0])
+    settings = FrontendSettings.from_json(args[0])
     setup_logging(settings, "frontend")
     hold_instance_lock(settings)
     die_with_parent(STOP_SIGNAL)

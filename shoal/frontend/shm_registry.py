@@ -27,7 +27,7 @@ from shoal.frontend.shm_contract import CudaRegionStatus as CudaRegionStatus
 from shoal.frontend.shm_contract import RegionStatus as RegionStatus
 from shoal.frontend.shm_regions import CudaRegion, Registration, SystemRegion
 from shoal.messages import ClientRegion, CudaHandle, OutputTarget, TensorRef
-from shoal.settings import Settings
+from shoal.settings import FrontendSettings
 from shoal.shm.cuda_ipc import IPC_HANDLE_BYTES
 from shoal.shm.object_identity import SHM_DIRECTORY, ObjectIdentity
 
@@ -65,23 +65,23 @@ class ClientSharedMemoryRegistry:
     process's effective uid; the fstat used at registration). Threads: the frontend's event
     loop only; nothing here blocks (opens are O_NONBLOCK)."""
 
-    def __init__(self, settings: Settings, shm_directory: str = SHM_DIRECTORY,
+    def __init__(self, settings: FrontendSettings, shm_directory: str = SHM_DIRECTORY,
                  on_cuda_forget: Callable[[list[CudaHandle]], None] = _no_forget,
                  on_registered: Callable[[ClientRegion], None] = _no_report,
                  on_unregistered: Callable[[str], None] = _no_report_end, *,
                  euid: int | None = None,
                  stat_of: Callable[[int], os.stat_result] = os.fstat) -> None:
-        self._enabled = settings.allow_client_shm
-        self._allow_foreign_owner = settings.client_shm_allow_foreign_owner
+        self._enabled = settings.client_shm.allowed
+        self._allow_foreign_owner = settings.client_shm.allow_foreign_owner
         self._euid = euid
         self._stat_of = stat_of
         # registrations live in one frontend process: with several behind one port, a client's
         # next connection may reach a frontend that never saw its region
-        self._single_frontend = settings.http_workers <= 1
-        self._max_regions = settings.client_shm_max_regions
+        self._single_frontend = settings.http.workers <= 1
+        self._max_regions = settings.client_shm.max_regions
         # bounds host mappings (system objects) only: CUDA allocations are the client's device
         # memory, mapped by workers, never by this process
-        self._max_bytes = settings.client_shm_max_bytes
+        self._max_bytes = settings.client_shm.max_bytes
         self._directory = shm_directory
         self._on_cuda_forget = on_cuda_forget
         self._on_registered = on_registered

@@ -13,7 +13,7 @@ import sys
 import time
 
 from shoal.process.log_escape import EscapeControlCharacters
-from shoal.settings import Settings, WorkerSettings
+from shoal.settings import BrokerSettings, FrontendSettings, Settings, WorkerSettings
 from shoal.shm.sweep import (
     LEAVE_WAIT_S,
     InstanceGone,
@@ -23,7 +23,8 @@ from shoal.shm.sweep import (
 
 logger = logging.getLogger(__name__)
 
-ProcessSettings = Settings | WorkerSettings  # a worker has only its part (WorkerSettings)
+# each process has only its part (BrokerSettings, FrontendSettings, WorkerSettings)
+ProcessSettings = Settings | BrokerSettings | FrontendSettings | WorkerSettings
 
 _PR_SET_PDEATHSIG = 1
 
@@ -92,15 +93,15 @@ def setup_logging(settings: ProcessSettings, role: str) -> None:
     8601."""
     handler = logging.StreamHandler(sys.stderr)
     line = f"%(asctime)s %(levelname)s [{role} pid %(process)d] %(name)s: %(message)s"
-    if settings.log_format == "ISO8601":
+    if settings.log.format == "ISO8601":
         formatter = logging.Formatter(line, datefmt="%Y-%m-%dT%H:%M:%SZ")
         formatter.converter = time.gmtime
     else:
         formatter = logging.Formatter(line)
     handler.setFormatter(formatter)
     handler.addFilter(EscapeControlCharacters())  # client strings cannot forge lines
-    logging.basicConfig(level=log_level(settings.log_verbose, settings.log_info,
-                                        settings.log_warning, settings.log_error),
+    logging.basicConfig(level=log_level(settings.log.verbose, settings.log.info,
+                                        settings.log.warning, settings.log.error),
                         handlers=[handler])
 
 
@@ -110,10 +111,10 @@ def hold_instance_lock(settings: ProcessSettings) -> None:
     share is given up; the last process of the instance out removes what the instance left
     (``remove_instance_files``). Settings without an instance id (in-process tests): no-op.
     A process whose instance is already gone exits (SystemExit, code 1)."""
-    if not settings.instance_id:
+    if not settings.instance.instance_id:
         return
     try:
-        lock = InstanceLock.join(settings.instance_id)
+        lock = InstanceLock.join(settings.instance.instance_id)
     except InstanceGone as exc:
         raise SystemExit(f"{exc}; not starting") from None
     atexit.register(leave_instance, lock, settings)
@@ -133,10 +134,10 @@ def leave_instance(lock: InstanceLock, settings: ProcessSettings,
 def remove_instance_files(settings: ProcessSettings) -> list[str]:
     """Every segment of the instance, and its runtime dir. Only for the instance's last
     process (it holds the lock exclusively). Returns the segments removed."""
-    removed = remove_segments_with_prefix(settings.segment_prefix)
+    removed = remove_segments_with_prefix(settings.instance.segment_prefix)
     if removed:
         logger.warning("removed %d shared-memory segments the processes of instance %s left "
-                       "behind", len(removed), settings.instance_id)
-    if settings.runtime_dir:
-        shutil.rmtree(settings.runtime_dir, ignore_errors=True)
+                       "behind", len(removed), settings.instance.instance_id)
+    if settings.instance.runtime_dir:
+        shutil.rmtree(settings.instance.runtime_dir, ignore_errors=True)
     return removed

@@ -24,12 +24,12 @@ PORT_GRACE_S: Final = 2.0  # a server that just lost its supervisor frees its po
 
 def listening_ports(settings: Settings) -> list[tuple[str, str, int]]:
     """(what, address, port) for each TCP port this server listens on (port 0 = any: none)."""
-    ports = [("HTTP", settings.http_address, settings.http_port)]
-    if settings.allow_grpc:
-        ports.append(("gRPC", settings.grpc_address, settings.grpc_port))
-    if settings.allow_metrics:
-        ports.append(("metrics", settings.metrics_address or settings.http_address,
-                      settings.metrics_port))
+    ports = [("HTTP", settings.http.address, settings.http.port)]
+    if settings.grpc.enabled:
+        ports.append(("gRPC", settings.grpc.address, settings.grpc.port))
+    if settings.metrics.enabled:
+        ports.append(("metrics", settings.metrics.address or settings.http.address,
+                      settings.metrics.port))
     return [p for p in ports if p[2] != 0]
 
 

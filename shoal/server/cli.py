@@ -16,7 +16,7 @@ from shoal.frontend.response_cache.config import (
 from shoal.frontend.restricted import RestrictionError, parse_restrictions
 from shoal.ops.top_args import add_top_arguments
 from shoal.server.triton_flags import add_triton_flags, triton_settings
-from shoal.settings import ModelControlMode, Settings
+from shoal.settings import ModelControlMode, Settings, settings_from_flags
 from shoal.trace.config import parse_trace_config, trace_config_arg
 
 GRPC_INT_MAX = 2**31 - 1  # grpc channel arguments are C ints
@@ -237,7 +237,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     trace_from_old_flags = triton.pop("trace_config")
     if args.disable_auto_complete_config:
         triton["disable_auto_complete_config"] = True
-    return Settings(
+    return settings_from_flags(
         **triton,
         model_repositories=list(args.model_repository), http_port=args.http_port,
         http_address=args.http_address, http_workers=max(1, args.http_workers),
@@ -346,11 +346,11 @@ def main(argv: list[str] | None = None) -> int:
         settings = settings_from_args(args)
     except RestrictionError as exc:
         parser.error(str(exc))
-    if settings.log_file:
+    if settings.log.file:
         try:
-            send_output_to(settings.log_file)
+            send_output_to(settings.log.file)
         except OSError as exc:
-            parser.error(f"--log-file {settings.log_file}: {exc.strerror}")
+            parser.error(f"--log-file {settings.log.file}: {exc.strerror}")
     for note in no_effect:
         print(f"shoal: {note}", file=sys.stderr, flush=True)
     from shoal.server.supervisor import run_supervisor

@@ -30,7 +30,7 @@ from shoal.process.ports import taken_ports
 from shoal.process.supervision import StatusPipe, parse_heartbeat, sweep_runtime_dirs
 from shoal.server.restarts import MAX_QUICK_DEATHS, QUICK_DEATH_S, RestartTracker
 from shoal.server.sd_notify import ServiceNotifications, SystemdNotifier
-from shoal.settings import Settings
+from shoal.settings import InstanceSettings, Settings
 from shoal.shm.preflight import ShmTooSmall, check_shm_capacity
 from shoal.shm.sweep import (
     InstanceLock,
@@ -66,21 +66,22 @@ class Supervisor:
 
     def start_children(self) -> None:
         self.broker = subprocess.Popen(
-            [sys.executable, "-m", "shoal.broker", self.settings.to_json().decode(),
+            [sys.executable, "-m", "shoal.broker", self.settings.for_broker().to_json().decode(),
              str(self.status.write_fd)],
             pass_fds=(self.status.write_fd,), stdin=subprocess.DEVNULL)
         self.status.close_writer()
         # frontend 0 also serves /metrics; all share the HTTP port (SO_REUSEPORT)
         now = time.monotonic()
         self.frontends = [FrontendSlot(index, self.spawn_frontend(index), now)
-                          for index in range(self.settings.http_workers)]
+                          for index in range(self.settings.http.workers)]
 
     def spawn_frontend(self, index: int) -> subprocess.Popen[bytes]:
         """Frontend ``index``; it watches the broker's pid (argv) and ends every request in
         flight at once when the broker dies."""
         assert self.broker is not None
         return subprocess.Popen(
-            [sys.executable, "-m", "shoal.frontend", self.settings.to_json().decode(),
+            [sys.executable, "-m", "shoal.frontend",
+             self.settings.for_frontends().to_json().decode(),
              str(index), str(self.broker.pid)], stdin=subprocess.DEVNULL)
 
     def run(self) -> int:
@@ -115,7 +116,7 @@ class Supervisor:
             elif line.startswith("ready"):
                 if line != "ready":
                     logger.error("some models failed to load: %s", line.partition(" ")[2])
-                logger.info("shoal is serving on port %d", self.settings.http_port)
+                logger.info("shoal is serving on port %d", self.settings.http.port)
                 self.systemd.on_ready()
             elif line.startswith("failed"):
                 logger.error("failed to load all models: %s", line.partition(" ")[2])
@@ -153,7 +154,8 @@ class Supervisor:
         one not mapped yet fails only that request, whose answer has nowhere to go)."""
         from shoal.frontend.core.dataplane_impl import frontend_identity
 
-        remove_segments_with_prefix(f"{self.settings.segment_prefix}{frontend_identity(pid)}-")
+        remove_segments_with_prefix(
+            f"{self.settings.instance.segment_prefix}{frontend_identity(pid)}-")
 
     def stop(self, graceful: bool) -> int:
         """Frontend first (drains in-flight requests), then the broker (finalizes models)."""
@@ -191,7 +193,7 @@ def run_supervisor(settings: Settings) -> int:
         logger.info("removed %d shared-memory segments left by dead servers", len(removed))
     sweep_runtime_dirs(tempfile.gettempdir())
     try:
-        check_shm_capacity(2 * settings.shm_segment_bytes)
+        check_shm_capacity(2 * settings.shm.segment_bytes)
     except ShmTooSmall as exc:
         logger.error("%s", exc)
         return 2
@@ -204,7 +206,8 @@ def run_supervisor(settings: Settings) -> int:
     lock = InstanceLock(instance_id)
     runtime_dir = os.path.join(tempfile.gettempdir(), f"shoal-{instance_id}")
     os.makedirs(runtime_dir, mode=0o700)
-    settings = msgspec.structs.replace(settings, instance_id=instance_id, runtime_dir=runtime_dir)
+    settings = msgspec.structs.replace(settings, instance=InstanceSettings(
+        instance_id=instance_id, runtime_dir=runtime_dir))
     supervisor = Supervisor(settings, notifier)
 
     def on_signal(signum: int, frame: FrameType | None) -> None:

@@ -114,12 +114,12 @@ class WorkerProc:
         self.socket = self._connect("")
         self.stream_socket = self._connect("#s")
         self.control_socket = self._connect("#c")
-        self.segment_prefix = settings.segment_prefix  # a property that formats a string
+        self.segment_prefix = settings.instance.segment_prefix  # a property that formats a string
         self.inputs = RegionCache(self.segment_prefix)
         self.client_regions = ClientRegions(
-            allow_foreign_owner=settings.client_shm_allow_foreign_owner)
-        self.arena = Arena(spec.arena_prefix, settings.shm_segment_bytes,
-                           settings.shm_arena_max_bytes)
+            allow_foreign_owner=settings.client_shm.allow_foreign_owner)
+        self.arena = Arena(spec.arena_prefix, settings.shm.segment_bytes,
+                           settings.shm.arena_max_bytes)
         self.device_regions = DeviceRegions(LazyCudaIpc())  # libcuda only at the first CUDA ref
         self.lender = OutputLender(self.arena)  # open only while a batch runs (see execute)
         self.outputs = OutputWriter(spec.identity, self.arena, self.client_regions,
@@ -148,7 +148,7 @@ class WorkerProc:
         self.decoupled = is_decoupled(config)
         self.device = device = resolve_device(self.spec.kind, self.spec.device_id)
         responses = WarmupResponseSink(self.streams.send_response)  # keeps warmup answers in here
-        backend_settings = {k: v for b, k, v in self.settings.backend_config
+        backend_settings = {k: v for b, k, v in self.settings.backend.config
                             if b in ("", self.spec.backend)}
         ctx = InstanceContext(
             model_name=self.spec.model_name, model_version=self.spec.model_version,
@@ -163,7 +163,7 @@ class WorkerProc:
             shm_free_bytes=lambda: self.arena.max_bytes - self.arena.used_bytes,
         )
         backend = create_backend(self.spec.backend, self.spec.model_dir, self.spec.version_dir,
-                                 self.settings.backend_directory)
+                                 self.settings.backend.directory)
         backend.load(ctx)
         self.backend = backend
         self.requests = BatchRequests(

@@ -81,7 +81,7 @@ def pytorch_workspace_bytes(config: ModelConfig, backend_settings: Mapping[str, 
 def device_workspace_bytes(config: ModelConfig,
                            backend_config: Sequence[tuple[str, str, str]]) -> int:
     """Bytes of device memory the workspace pool of one accelerator (KIND_GPU) instance of
-    ``config`` takes; ``backend_config`` is ``Settings.backend_config``. Only the pytorch backend
+    ``config`` takes; ``backend_config`` is ``BackendSettings.config``. Only the pytorch backend
     keeps a pool; every other backend takes 0."""
     backend = str(config.backend)
     if backend != "pytorch":

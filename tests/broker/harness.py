@@ -52,7 +52,7 @@ from shoal.messages import (
     encode,
 )
 from shoal.messages.worker import HEARTBEAT_INTERVAL_S
-from shoal.settings import Settings
+from shoal.settings import settings_from_flags
 from shoal.shm.sweep import new_instance_id
 
 Behaviour = Callable[["FakeWorker", Batch], BatchResult | None]  # None: answer nothing
@@ -139,8 +139,9 @@ class BrokerHarness:
             (repo / name / "config.pbtxt").write_text(textwrap.dedent(config))
         runtime = root / "run"
         runtime.mkdir()
-        self.settings = Settings(model_repositories=[str(repo)], runtime_dir=str(runtime),
-                                 instance_id=new_instance_id(), **settings)
+        self.settings = settings_from_flags(model_repositories=[str(repo)],
+                                            runtime_dir=str(runtime), instance_id=new_instance_id(),
+                                            **settings).for_broker()
         self.behaviour = behaviour
         self.workers: list[FakeWorker] = []
         self.context: zmq.Context[Any] = zmq.Context()

@@ -18,7 +18,7 @@ from shoal.broker.thread_policy import (
     read_cpu_quota,
     usable_cores,
 )
-from shoal.settings import Settings
+from shoal.settings import settings_from_flags
 
 
 def test_cpu_max_quota_in_cpus_and_unlimited() -> None:
@@ -115,8 +115,8 @@ def test_no_cgroup_information_means_no_quota(tmp_path: Path) -> None:
 
 
 def _manager(cores: int, runtimes: list[Any], http_workers: int = 1) -> ModelManager:
-    manager = ModelManager(Settings(model_repositories=["/nonexistent"],
-                                    http_workers=http_workers))
+    manager = ModelManager(settings_from_flags(model_repositories=["/nonexistent"],
+                                               http_workers=http_workers).for_broker())
     manager.cpu_budget = CpuBudget(cores, "test")
     manager.gpu_count = 0
     manager.runtimes = lambda: runtimes  # type: ignore[method-assign]

@@ -114,7 +114,7 @@ def shm_need(settings: Settings, repository: pathlib.Path) -> ShmNeed:
         if config.platform == "ensemble":
             continue  # ensembles run no workers
         config = normalize_config(config, model_name=model_dir.name, source=model_dir.name,
-                                  default_max_batch_size=settings.default_max_batch_size)
+                                  default_max_batch_size=settings.backend.default_max_batch_size)
         versions = sum(1 for v in model_dir.iterdir() if v.is_dir() and v.name.isdigit())
         instances = len(instance_names(config)) * versions
         workers += instances
@@ -124,12 +124,12 @@ def shm_need(settings: Settings, repository: pathlib.Path) -> ShmNeed:
             bls += instances
         if config.sequence_batching.state:
             states += versions
-    reloads = settings.model_control_mode is not ModelControlMode.NONE
+    reloads = settings.model_control.mode is not ModelControlMode.NONE
     return ShmNeed(
-        frontends=settings.http_workers, workers=workers, bls_workers=bls,
+        frontends=settings.http.workers, workers=workers, bls_workers=bls,
         state_arenas=states, reload_instances=largest if reloads else 0,
-        client_bytes=settings.client_shm_max_bytes if settings.allow_client_shm else 0,
-        arena_bytes=settings.shm_arena_max_bytes)
+        client_bytes=settings.client_shm.max_bytes if settings.client_shm.allowed else 0,
+        arena_bytes=settings.shm.arena_max_bytes)
 
 
 def load_schema(name: str) -> dict[str, Any]:

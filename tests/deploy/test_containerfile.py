@@ -72,23 +72,23 @@ def test_runs_as_the_deployments_uid_and_gid() -> None:
 def test_exposes_shoals_default_ports() -> None:
     defaults = cli_defaults()
     exposed = {int(port) for port in only("EXPOSE").words()}
-    assert exposed == {defaults.http_port, defaults.grpc_port, defaults.metrics_port}
+    assert exposed == {defaults.http.port, defaults.grpc.port, defaults.metrics.port}
     container = shoal_container(one("Deployment", "shoal"))
     assert exposed == {p["containerPort"] for p in container["ports"]}
 
 
 def test_entrypoint_serves_the_copied_model_repository() -> None:
     assert only("ENTRYPOINT").exec_form() == ["shoal"]
-    served = settings_of(only("CMD").exec_form()).model_repositories
+    served = settings_of(only("CMD").exec_form()).model_control.repositories
     _, in_image = image_model_repository()
     assert served == [in_image]
     container = shoal_container(one("Deployment", "shoal"))
-    assert settings_of(container["args"]).model_repositories == served
+    assert settings_of(container["args"]).model_control.repositories == served
 
 
 def test_health_check_asks_readiness_on_the_http_port() -> None:
     check = only("HEALTHCHECK").text
-    assert f"127.0.0.1:{cli_defaults().http_port}{READY_PATH}" in check
+    assert f"127.0.0.1:{cli_defaults().http.port}{READY_PATH}" in check
 
 
 def test_stops_with_sigterm() -> None:

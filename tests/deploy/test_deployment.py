@@ -78,12 +78,12 @@ def env(target: Manifest) -> dict[str, str]:
 
 def test_ports_are_named_and_are_the_cli_defaults() -> None:
     ours, defaults = settings(), cli_defaults()
-    assert (ours.http_port, ours.grpc_port, ours.metrics_port) == (
-        defaults.http_port, defaults.grpc_port, defaults.metrics_port)
-    assert container_port("http") == ours.http_port
-    assert container_port("grpc") == ours.grpc_port
-    assert container_port("metrics") == ours.metrics_port
-    assert ours.allow_grpc and ours.allow_metrics
+    assert (ours.http.port, ours.grpc.port, ours.metrics.port) == (
+        defaults.http.port, defaults.grpc.port, defaults.metrics.port)
+    assert container_port("http") == ours.http.port
+    assert container_port("grpc") == ours.grpc.port
+    assert container_port("metrics") == ours.metrics.port
+    assert ours.grpc.enabled and ours.metrics.enabled
 
 
 def test_probes_ask_the_health_endpoints_on_the_http_port() -> None:
@@ -94,7 +94,7 @@ def test_probes_ask_the_health_endpoints_on_the_http_port() -> None:
     assert probes["readinessProbe"]["path"] == READY_PATH
     assert probes["startupProbe"]["path"] == READY_PATH
     for probe in probes.values():
-        assert container_port(probe["port"]) == settings().http_port
+        assert container_port(probe["port"]) == settings().http.port
 
 
 def test_startup_probe_gives_a_slow_first_load_minutes() -> None:
@@ -109,7 +109,7 @@ def test_startup_probe_gives_a_slow_first_load_minutes() -> None:
 
 def test_model_repository_is_the_one_in_the_image() -> None:
     source, target = image_model_repository()
-    assert settings().model_repositories == [target]
+    assert settings().model_control.repositories == [target]
     assert EXAMPLE_REPOSITORY.relative_to(ROOT).as_posix() == source
 
 
@@ -123,7 +123,7 @@ def test_shm_volume_holds_every_arena_at_the_deployments_flags() -> None:
     assert size >= need.total_bytes, (
         f"/dev/shm sizeLimit {size} < {need.arenas} arenas x {need.arena_bytes} + "
         f"{need.client_bytes} client bytes")
-    assert size >= 2 * ours.shm_segment_bytes  # shoal's start-up preflight
+    assert size >= 2 * ours.shm.segment_bytes  # shoal's start-up preflight
 
 
 def test_shm_formula_counts_frontends_reloads_and_client_regions() -> None:
@@ -171,7 +171,7 @@ def test_everything_shoal_writes_is_on_a_writable_volume() -> None:
     instance lock in /dev/shm, and nothing else (tests/deploy/test_read_only_root.py runs it
     that way)."""
     variables = env(container())
-    assert settings().model_temp_root == ""  # overrides go under <TMPDIR>/shoal-<id>/models
+    assert settings().model_control.temp_root == ""  # overrides go under <TMPDIR>/shoal-<id>/models
     for path in (variables["TMPDIR"], variables["HOME"], "/dev/shm"):
         assert "emptyDir" in volume(pod_spec(), path)
 
@@ -265,7 +265,7 @@ def test_service_monitor_scrapes_the_metrics_route_on_the_metrics_port() -> None
     assert "namespaceSelector" not in monitor  # the Service's own namespace
     (endpoint,) = monitor["endpoints"]
     ports = {p["name"]: p for p in service["spec"]["ports"]}
-    assert container_port(ports[endpoint["port"]]["targetPort"]) == settings().metrics_port
+    assert container_port(ports[endpoint["port"]]["targetPort"]) == settings().metrics.port
     app = create_metrics_app(cast(DataPlane, object()))
     assert endpoint["path"] in {r.path for r in app.routes if isinstance(r, Route)}
 
@@ -288,9 +288,9 @@ def test_serving_runtime_speaks_v2_over_rest_and_grpc_for_triton_models() -> Non
     assert {"v2", "grpc-v2"} <= set(spec["protocolVersions"])
     assert {"name": "triton", "version": "2"}.items() <= spec["supportedModelFormats"][0].items()
     assert spec["containers"][0]["name"] == "kserve-container"
-    assert runtime_settings().model_repositories == ["/mnt/models"]
+    assert runtime_settings().model_control.repositories == ["/mnt/models"]
     assert spec["annotations"]["prometheus.kserve.io/port"] == str(
-        runtime_settings().metrics_port)
+        runtime_settings().metrics.port)
 
 
 def test_serving_runtime_container_is_restricted_and_sized_like_the_deployment() -> None:
@@ -313,7 +313,7 @@ def test_serving_runtime_probes_the_health_endpoints_on_its_rest_port() -> None:
              ("livenessProbe", "readinessProbe", "startupProbe")}
     assert paths["livenessProbe"]["path"] == LIVE_PATH
     assert paths["readinessProbe"]["path"] == READY_PATH == paths["startupProbe"]["path"]
-    assert {p["port"] for p in paths.values()} == {runtime_settings().http_port}
+    assert {p["port"] for p in paths.values()} == {runtime_settings().http.port}
 
 
 def inference_services() -> dict[str, Manifest]:
@@ -337,4 +337,4 @@ def test_inference_services_use_the_runtime_and_its_ports() -> None:
     assert services["shoal-example"]["protocolVersion"] == "v2"
     grpc = services["shoal-example-grpc"]
     assert grpc["protocolVersion"] == "grpc-v2"
-    assert [p["containerPort"] for p in grpc["ports"]] == [runtime_settings().grpc_port]
+    assert [p["containerPort"] for p in grpc["ports"]] == [runtime_settings().grpc.port]

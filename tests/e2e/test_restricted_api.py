@@ -32,7 +32,7 @@ from shoal.frontend.grpc.restricted import INFERENCE_SERVICE
 from shoal.frontend.http.app import create_app
 from shoal.frontend.http.restricted import ApiRoute
 from shoal.frontend.restricted import GRPC_CATEGORIES, GRPC_METHOD_CATEGORIES, ApiCategory
-from shoal.settings import Settings
+from shoal.settings import settings_from_flags
 from tests.e2e.conftest import serving
 from tests.e2e.models import copy_example
 from tests.e2e.server import ShoalServer
@@ -74,7 +74,8 @@ NOWHERE = ["/v2/", "/v2/health/live/", "//v2/health/live", "/v2//health/live",
 
 def route_requests() -> list[tuple[str, str, ApiCategory]]:
     """(method, path, category) for every method of every route of the HTTP app's table."""
-    routes = create_app(FakeDataPlane(models=[]), Settings(model_repositories=["/m"])).routes
+    settings = settings_from_flags(model_repositories=["/m"]).for_frontends()
+    routes = create_app(FakeDataPlane(models=[]), settings).routes
     requests = []
     for route in routes:
         assert isinstance(route, ApiRoute)

@@ -13,11 +13,11 @@ from shoal.errors import ErrorCode
 from shoal.frontend.shm_contract import CudaRegionStatus, RegionStatus
 from shoal.frontend.shm_registry import ClientSharedMemoryRegistry
 from shoal.messages import CudaHandle, OutputTarget, TensorRef
-from shoal.settings import Settings
+from shoal.settings import settings_from_flags
 from tests.conftest import MakeObject
 from tests.frontend.test_shm_registry import error_of, open_fds_on
 
-ENABLED = Settings(model_repositories=["/m"], allow_client_shm=True)
+ENABLED = settings_from_flags(model_repositories=["/m"], allow_client_shm=True).for_frontends()
 
 
 class Forgets:
@@ -145,23 +145,26 @@ def test_region_name_is_required(registry: ClientSharedMemoryRegistry) -> None:
 
 
 def test_disabled_registry_refuses_cuda_but_status(forgets: Forgets) -> None:
-    registry = ClientSharedMemoryRegistry(Settings(model_repositories=["/m"]),
+    registry = ClientSharedMemoryRegistry(settings_from_flags(model_repositories=["/m"])
+                                          .for_frontends(),
                                           on_cuda_forget=forgets)
     for call in (lambda: registry.register_cuda("g", handle(), 0, 64, 1),
                  lambda: registry.cuda_unregister("g"), lambda: registry.cuda_unregister(None)):
         error = error_of(call)
         assert error.code is ErrorCode.UNSUPPORTED and "--allow-client-shm" in error.message
     assert registry.cuda_status(None) == []
-    several = ClientSharedMemoryRegistry(Settings(model_repositories=["/m"],
-                                                  allow_client_shm=True, http_workers=2))
+    several = ClientSharedMemoryRegistry(settings_from_flags(model_repositories=["/m"],
+                                                             allow_client_shm=True,
+                                                             http_workers=2).for_frontends())
     error = error_of(lambda: several.register_cuda("g", handle(), 0, 64, 1))
     assert error.code is ErrorCode.UNSUPPORTED and "--http-workers=1" in error.message
 
 
 def test_the_region_cap_counts_cuda_regions_and_not_their_bytes(
         forgets: Forgets, make_object: MakeObject) -> None:
-    settings = Settings(model_repositories=["/m"], allow_client_shm=True,
-                        client_shm_max_regions=2, client_shm_max_bytes=100)
+    settings = settings_from_flags(model_repositories=["/m"], allow_client_shm=True,
+                                   client_shm_max_regions=2,
+                                   client_shm_max_bytes=100).for_frontends()
     registry = ClientSharedMemoryRegistry(settings, on_cuda_forget=forgets)
     key = make_object(100)
     try:

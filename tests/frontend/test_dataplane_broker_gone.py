@@ -7,13 +7,14 @@ import asyncio
 import pathlib
 
 from shoal.frontend.core.dataplane_impl import FrontendDataPlane
-from shoal.settings import Settings
+from shoal.settings import settings_from_flags
 from shoal.shm.sweep import new_instance_id
 
 
 def test_live_and_ready_turn_false_when_the_broker_exits(tmp_path: pathlib.Path) -> None:
-    settings = Settings(model_repositories=[str(tmp_path)], runtime_dir=str(tmp_path),
-                        instance_id=new_instance_id(), strict_readiness=False)
+    settings = settings_from_flags(model_repositories=[str(tmp_path)], runtime_dir=str(tmp_path),
+                                   instance_id=new_instance_id(),
+                                   strict_readiness=False).for_frontends()
 
     async def main() -> None:
         dataplane = FrontendDataPlane(settings)

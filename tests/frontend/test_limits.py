@@ -17,9 +17,9 @@ from shoal.frontend.limits import (
     RateLimitedWarning,
     plan_descriptor_budget,
 )
-from shoal.settings import Settings
+from shoal.settings import settings_from_flags
 
-SETTINGS = Settings(model_repositories=["/m"])
+SETTINGS = settings_from_flags(model_repositories=["/m"]).for_frontends()
 
 
 def test_default_caps_fit_a_common_hard_limit_unchanged() -> None:
@@ -38,8 +38,8 @@ def test_a_low_limit_scales_both_caps_into_the_room_left() -> None:
 
 
 def test_client_shm_regions_and_grpc_off_change_the_split() -> None:
-    settings = Settings(model_repositories=["/m"], allow_client_shm=True,
-                        client_shm_max_regions=1000, allow_grpc=False)
+    settings = settings_from_flags(model_repositories=["/m"], allow_client_shm=True,
+                                   client_shm_max_regions=1000, allow_grpc=False).for_frontends()
     budget = plan_descriptor_budget(3000, settings, serves_metrics=False)
     assert budget.reserved == BASE_RESERVE + OVER_CAP_CONNECTIONS + 1000
     assert budget.grpc_connections == 0

@@ -22,18 +22,18 @@ from shoal.frontend.http.openapi import (
     build_document,
     route_operations,
 )
-from shoal.settings import Settings
+from shoal.settings import FrontendSettings, settings_from_flags
 from tests.frontend.http.fakes import FakeDataPlane, make_model
 
-SETTINGS = Settings(model_repositories=["/models"])
+SETTINGS = settings_from_flags(model_repositories=["/models"]).for_frontends()
 METHODS = ("get", "post", "put", "delete", "patch")
 
 
-def _app(settings: Settings = SETTINGS) -> Any:
+def _app(settings: FrontendSettings = SETTINGS) -> Any:
     return create_app(FakeDataPlane(models=[make_model("simple")]), settings)
 
 
-def _document(settings: Settings = SETTINGS) -> dict[str, Any]:
+def _document(settings: FrontendSettings = SETTINGS) -> dict[str, Any]:
     with TestClient(_app(settings)) as client:
         response = client.get(OPENAPI_PATH)
     assert response.status_code == 200
@@ -103,8 +103,9 @@ def test_path_parameters_follow_the_route_regexes() -> None:
 
 @pytest.mark.parametrize("header,status", [(None, 403), ("wrong", 403), ("s3cret", 200)])
 def test_the_document_is_gated_as_metadata(header: str | None, status: int) -> None:
-    settings = Settings(model_repositories=["/models"],
-                        http_restricted_apis=[("metadata", "api-key", "s3cret")])
+    settings = settings_from_flags(
+        model_repositories=["/models"],
+        http_restricted_apis=[("metadata", "api-key", "s3cret")]).for_frontends()
     with TestClient(_app(settings)) as client:
         headers = {} if header is None else {"api-key": header}
         response = client.get(OPENAPI_PATH, headers=headers)

@@ -102,17 +102,17 @@ def test_flags_reach_settings() -> None:
         "--http-restricted-api", "dashboard,logging:ops=y",
         "--grpc-restricted-protocol=inference:infer=z"])
     settings = settings_from_args(args)
-    assert settings.http_restricted_apis == [
+    assert settings.http.restricted_apis == [
         ("model-repository", "admin", "x"), ("dashboard", "ops", "y"), ("logging", "ops", "y")]
-    assert settings.grpc_restricted_protocols == [
+    assert settings.grpc.restricted_protocols == [
         ("inference", "triton-grpc-protocol-infer", "z")]
     assert type(settings).from_json(settings.to_json()) == settings
 
 
 def test_no_flag_restricts_nothing() -> None:
     settings = settings_from_args(build_parser().parse_args(["serve", "--model-repository=/m"]))
-    assert settings.http_restricted_apis == [] and settings.grpc_restricted_protocols == []
-    assert not RestrictedApis(settings.http_restricted_apis)
+    assert settings.http.restricted_apis == [] and settings.grpc.restricted_protocols == []
+    assert not RestrictedApis(settings.http.restricted_apis)
 
 
 @pytest.mark.parametrize("flag,value,message", [

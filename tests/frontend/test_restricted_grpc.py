@@ -32,7 +32,7 @@ from shoal.frontend.restricted import (
     parse_restrictions,
 )
 from shoal.messages import TensorSpec
-from shoal.settings import Settings
+from shoal.settings import settings_from_flags
 from tests.e2e.server import free_port
 from tests.frontend.grpc.fakes import StreamingFakeDataPlane
 from tests.frontend.http.fakes import make_model
@@ -55,8 +55,9 @@ def refusal(category: ApiCategory) -> str:
 
 def serve(test: Test, restrictions: list[tuple[str, str, str]]) -> None:
     port = free_port()
-    settings = Settings(model_repositories=["/models"], grpc_address="127.0.0.1",
-                        grpc_port=port, grpc_restricted_protocols=restrictions)
+    settings = settings_from_flags(model_repositories=["/models"], grpc_address="127.0.0.1",
+                                   grpc_port=port,
+                                   grpc_restricted_protocols=restrictions).for_frontends()
     dataplane = StreamingFakeDataPlane(models=[
         make_model("identity", [TensorSpec("INPUT0", "FP32", [-1])])])
 

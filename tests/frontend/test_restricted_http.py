@@ -19,15 +19,15 @@ from shoal.frontend.http.app import create_app, create_asgi_app
 from shoal.frontend.http.restricted import ApiRoute, restrict_metrics_app
 from shoal.frontend.restricted import HTTP_CATEGORIES, ApiCategory, RestrictedApis
 from shoal.messages import TensorSpec
-from shoal.settings import Settings
+from shoal.settings import FrontendSettings, settings_from_flags
 from tests.frontend.http.fakes import FakeDataPlane, make_model
 
-OPEN = Settings(model_repositories=["/models"])
+OPEN = settings_from_flags(model_repositories=["/models"]).for_frontends()
 # every category restricted, each by its own header, so a wrong category's header is refused too
 KEYS = {category: (f"key-{category.value}", f"value-{category.value}")
         for category in ApiCategory}
-RESTRICTED = Settings(model_repositories=["/models"], http_restricted_apis=[
-    (category.value, key, value) for category, (key, value) in KEYS.items()])
+RESTRICTED = settings_from_flags(model_repositories=["/models"], http_restricted_apis=[
+    (category.value, key, value) for category, (key, value) in KEYS.items()]).for_frontends()
 SAMPLES = {"model": "simple", "version": "1", "repository": "repo", "region": "r0"}
 
 # Triton's category for each route (http_server.cc: the check that opens each handler)
@@ -72,7 +72,7 @@ def concrete(path: str) -> str:
     return re.sub(r"\{(\w+)(?::\w+)?\}", lambda m: SAMPLES[m.group(1)], path)
 
 
-def api_routes(settings: Settings) -> list[ApiRoute]:
+def api_routes(settings: FrontendSettings) -> list[ApiRoute]:
     routes = create_app(make_dataplane(), settings).routes
     assert all(isinstance(route, ApiRoute) for route in routes)
     return [route for route in routes if isinstance(route, ApiRoute)]
@@ -190,8 +190,9 @@ def test_unrestricted_server_answers_every_route_without_headers(open_client: Te
 
 
 def test_only_the_restricted_categories_are_gated() -> None:
-    settings = Settings(model_repositories=["/models"],
-                        http_restricted_apis=[("model-repository", "admin", "x")])
+    settings = settings_from_flags(
+        model_repositories=["/models"],
+        http_restricted_apis=[("model-repository", "admin", "x")]).for_frontends()
     with TestClient(create_asgi_app(make_dataplane(), settings),
                     raise_server_exceptions=False) as client:
         assert client.get("/v2/health/ready").status_code == 200

@@ -21,11 +21,11 @@ from shoal.frontend.core.validation import validate_request
 from shoal.frontend.shm_contract import RegionStatus
 from shoal.frontend.shm_registry import ClientSharedMemoryRegistry
 from shoal.messages import OutputTarget, TensorSpec
-from shoal.settings import Settings
+from shoal.settings import settings_from_flags
 from tests.conftest import MakeObject
 from tests.frontend.http.fakes import make_model
 
-ENABLED = Settings(model_repositories=["/m"], allow_client_shm=True)
+ENABLED = settings_from_flags(model_repositories=["/m"], allow_client_shm=True).for_frontends()
 
 
 @pytest.fixture
@@ -66,7 +66,8 @@ def write(key: str, offset: int, data: bytes) -> None:
 
 
 def test_disabled_registry_refuses_everything_but_status(make_object: MakeObject) -> None:
-    registry = ClientSharedMemoryRegistry(Settings(model_repositories=["/m"]))
+    registry = ClientSharedMemoryRegistry(
+        settings_from_flags(model_repositories=["/m"]).for_frontends())
     key = make_object(64)
     for call in (lambda: registry.register("r", key, 0, 64), lambda: registry.unregister("r"),
                  lambda: registry.unregister(None),
@@ -81,7 +82,8 @@ def test_disabled_registry_refuses_everything_but_status(make_object: MakeObject
 
 
 def test_several_frontend_processes_refuse_registration(make_object: MakeObject) -> None:
-    settings = Settings(model_repositories=["/m"], allow_client_shm=True, http_workers=2)
+    settings = settings_from_flags(model_repositories=["/m"], allow_client_shm=True,
+                                   http_workers=2).for_frontends()
     registry = ClientSharedMemoryRegistry(settings)
     error = error_of(lambda: registry.register("r", make_object(64), 0, 64))
     assert error.code is ErrorCode.UNSUPPORTED and "--http-workers=1" in error.message
@@ -177,8 +179,9 @@ def test_registration_must_lie_inside_the_object(registry: ClientSharedMemoryReg
 
 
 def test_caps_on_region_count_and_bytes(make_object: MakeObject) -> None:
-    settings = Settings(model_repositories=["/m"], allow_client_shm=True,
-                        client_shm_max_regions=2, client_shm_max_bytes=100)
+    settings = settings_from_flags(model_repositories=["/m"], allow_client_shm=True,
+                                   client_shm_max_regions=2,
+                                   client_shm_max_bytes=100).for_frontends()
     registry = ClientSharedMemoryRegistry(settings)
     key = make_object(100)
     try:
@@ -389,8 +392,8 @@ def test_unregister_while_in_use_is_deferred_until_the_request_ends(
 
 
 def test_a_retiring_region_still_counts_against_the_caps(make_object: MakeObject) -> None:
-    settings = Settings(model_repositories=["/m"], allow_client_shm=True,
-                        client_shm_max_regions=1)
+    settings = settings_from_flags(model_repositories=["/m"], allow_client_shm=True,
+                                   client_shm_max_regions=1).for_frontends()
     registry = ClientSharedMemoryRegistry(settings)
     key = make_object(64)
     try:

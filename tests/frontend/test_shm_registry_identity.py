@@ -9,10 +9,10 @@ import pytest
 
 from shoal.errors import ErrorCode, ShoalError
 from shoal.frontend.shm_registry import ClientSharedMemoryRegistry
-from shoal.settings import Settings
+from shoal.settings import settings_from_flags
 from tests.conftest import MakeObject
 
-ENABLED = Settings(model_repositories=["/m"], allow_client_shm=True)
+ENABLED = settings_from_flags(model_repositories=["/m"], allow_client_shm=True).for_frontends()
 
 
 def foreign_fstat(fd: int) -> os.stat_result:
@@ -37,8 +37,8 @@ def test_an_object_another_user_owns_is_refused_by_default(make_object: MakeObje
 
 def test_the_setting_allows_them(make_object: MakeObject) -> None:
     key = make_object(4096)
-    allowing = Settings(model_repositories=["/m"], allow_client_shm=True,
-                        client_shm_allow_foreign_owner=True)
+    allowing = settings_from_flags(model_repositories=["/m"], allow_client_shm=True,
+                                   client_shm_allow_foreign_owner=True).for_frontends()
     registry = ClientSharedMemoryRegistry(allowing, stat_of=foreign_fstat,
                                           euid=os.geteuid() + 1)
     registry.register("theirs", key, 0, 4096)

@@ -10,10 +10,10 @@ import pytest
 from shoal.errors import ErrorCode, ShoalError
 from shoal.frontend.shm_registry import ClientSharedMemoryRegistry
 from shoal.messages import ClientRegion, CudaHandle
-from shoal.settings import Settings
+from shoal.settings import settings_from_flags
 from tests.conftest import MakeObject
 
-ENABLED = Settings(model_repositories=["/m"], allow_client_shm=True)
+ENABLED = settings_from_flags(model_repositories=["/m"], allow_client_shm=True).for_frontends()
 HANDLE = b"\x07" * 64
 
 

@@ -33,7 +33,7 @@ from shoal.frontend.core.validation import validate_request
 from shoal.frontend.http.errors import HTTP_STATUS
 from shoal.frontend.shm_registry import ClientSharedMemoryRegistry
 from shoal.messages import InferRequest, ModelVersionInfo, TensorSpec, encode
-from shoal.settings import Settings
+from shoal.settings import settings_from_flags
 from shoal.shm.arena import Slot
 from tests.frontend.http.fakes import FakeDataPlane, make_model
 
@@ -158,7 +158,8 @@ def open_registry(directory: str) -> ClientSharedMemoryRegistry:
     with open(os.path.join(directory, "region"), "wb") as file:
         file.write(content.ljust(REGION_BYTES, b"\x00"))
     registry = ClientSharedMemoryRegistry(
-        Settings(model_repositories=["/m"], allow_client_shm=True), shm_directory=directory)
+        settings_from_flags(model_repositories=["/m"],
+                            allow_client_shm=True).for_frontends(), shm_directory=directory)
     registry.register("r", "/region", 0, REGION_BYTES)
     return registry
 

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from shoal.config.load_overrides import check_model_name
 from shoal.frontend.http.app import create_asgi_app
-from shoal.settings import ModelControlMode, Settings
+from shoal.settings import ModelControlMode, settings_from_flags
 from tests.fuzz.strategies import (
     any_text,
     infer_bodies,
@@ -44,8 +44,9 @@ from tests.fuzz.support import (
 from tests.fuzz.test_fuzz_load_overrides import config_texts, load, paths
 
 LIMIT: Final = 1 << 16
-SETTINGS: Final = Settings(model_repositories=["/m"], http_max_input_size=LIMIT,
-                           allow_client_shm=True, model_control_mode=ModelControlMode.EXPLICIT)
+SETTINGS: Final = settings_from_flags(model_repositories=["/m"], http_max_input_size=LIMIT,
+                                      allow_client_shm=True,
+                                      model_control_mode=ModelControlMode.EXPLICIT).for_frontends()
 model_names = st.sampled_from(sorted(MODEL_BY_NAME))
 
 

@@ -17,7 +17,7 @@ from shoal.process.ports import (
     port_in_use_message,
     taken_ports,
 )
-from shoal.settings import Settings
+from shoal.settings import settings_from_flags
 from tests.e2e.server import free_port
 
 _HOLD = """
@@ -63,14 +63,14 @@ def test_taken_ports_checks_each_listener_of_the_settings(
     holder: tuple[subprocess.Popen[str], int],
 ) -> None:
     _, port = holder
-    settings = Settings(model_repositories=["/m"], http_address="127.0.0.1",
-                        grpc_address="127.0.0.1", http_port=free_port(), grpc_port=free_port(),
-                        metrics_port=port)
+    settings = settings_from_flags(model_repositories=["/m"], http_address="127.0.0.1",
+                                   grpc_address="127.0.0.1", http_port=free_port(),
+                                   grpc_port=free_port(), metrics_port=port)
     (message,) = taken_ports(settings, grace_s=0.0)
     assert f"for metrics on 127.0.0.1:{port}" in message
-    assert taken_ports(Settings(model_repositories=["/m"], http_address="127.0.0.1",
-                                allow_metrics=False, allow_grpc=False,
-                                http_port=free_port()), grace_s=0.0) == []
+    assert taken_ports(settings_from_flags(model_repositories=["/m"], http_address="127.0.0.1",
+                                           allow_metrics=False, allow_grpc=False,
+                                           http_port=free_port()), grace_s=0.0) == []
 
 
 def test_a_free_port_and_the_ports_a_server_uses() -> None:
@@ -81,5 +81,6 @@ def test_a_free_port_and_the_ports_a_server_uses() -> None:
         bound_only.bind(("127.0.0.1", port))
         assert not port_free("127.0.0.1", port)
         assert "cannot see" in port_in_use_message("HTTP", "127.0.0.1", port)
-    settings = Settings(model_repositories=["/m"], http_port=1, grpc_port=2, metrics_port=0)
+    settings = settings_from_flags(model_repositories=["/m"], http_port=1, grpc_port=2,
+                                   metrics_port=0)
     assert listening_ports(settings) == [("HTTP", "0.0.0.0", 1), ("gRPC", "0.0.0.0", 2)]

@@ -14,25 +14,28 @@ def parse(*argv: str):  # type: ignore[no-untyped-def]
 
 def test_defaults_match_tritonserver() -> None:
     s = parse("--model-repository", "/m")
-    assert s.model_repositories == ["/m"]
-    assert (s.http_port, s.grpc_port, s.metrics_port) == (8000, 8001, 8002)
-    assert s.model_control_mode is ModelControlMode.NONE
-    assert s.strict_readiness and s.exit_on_error and s.exit_timeout_secs == 30.0
-    assert s.default_max_batch_size == 4
+    assert s.model_control.repositories == ["/m"]
+    assert (s.http.port, s.grpc.port, s.metrics.port) == (8000, 8001, 8002)
+    assert s.model_control.mode is ModelControlMode.NONE
+    assert s.model_control.strict_readiness and s.model_control.exit_on_error
+    assert s.exit_timeout_secs == 30.0
+    assert s.backend.default_max_batch_size == 4
 
 
 def test_repeatable_repository_and_bool_forms() -> None:
     s = parse("--model-repository=/a", "--model-store", "/b", "--strict-readiness=false",
               "--exit-on-error", "false", "--disable-auto-complete-config")
-    assert s.model_repositories == ["/a", "/b"]
-    assert not s.strict_readiness and not s.exit_on_error and s.disable_auto_complete_config
+    assert s.model_control.repositories == ["/a", "/b"]
+    control = s.model_control
+    assert not control.strict_readiness and not control.exit_on_error
+    assert control.disable_auto_complete_config
 
 
 def test_backend_config_global_and_per_backend() -> None:
     s = parse("--model-repository=/a", "--backend-config=default-max-batch-size=8",
               "--backend-config=python,shm-default-byte-size=1024")
-    assert s.default_max_batch_size == 8
-    assert s.backend_setting("python", "shm-default-byte-size") == "1024"
+    assert s.backend.default_max_batch_size == 8
+    assert s.backend.setting("python", "shm-default-byte-size") == "1024"
     assert parse_backend_config("pytorch,k=v") == ("pytorch", "k", "v")
 
 
@@ -50,10 +53,10 @@ def test_model_control_flags_parse() -> None:
         "--load-model", "b", "--repository-poll-secs=2.5", "--model-load-gpu-limit=0:0.5",
         "--model-load-device-limit=1:1"])
     s = settings_from_args(args)
-    assert s.model_control_mode is ModelControlMode.EXPLICIT
-    assert s.load_models == ["a", "b"]
-    assert s.repository_poll_secs == 2.5
-    assert s.model_load_device_limits == [(0, 0.5), (1, 1.0)]
+    assert s.model_control.mode is ModelControlMode.EXPLICIT
+    assert s.model_control.load_models == ["a", "b"]
+    assert s.model_control.repository_poll_secs == 2.5
+    assert s.model_control.device_limits == [(0, 0.5), (1, 1.0)]
 
 
 @pytest.mark.parametrize("bad", ["0", "x:0.5", "0:0", "0:1.5", "-1:0.5", "0:abc"])
@@ -78,12 +81,12 @@ def test_inconsistent_model_control_flags_are_refused(
 
 def test_slow_client_and_grpc_limit_flags() -> None:
     s = parse("--model-repository=/a")
-    assert (s.http_header_timeout_secs, s.http_body_timeout_secs,
-            s.http_idle_timeout_secs) == (10.0, 30.0, 30.0)
-    assert (s.http_max_connections, s.grpc_max_connections) == (4096, 4096)
-    assert s.grpc_max_input_size == 2**31 - 1
-    assert (s.grpc_http2_min_recv_ping_interval_without_data_ms,
-            s.grpc_http2_max_ping_strikes) == (300_000, 2)
+    assert (s.http.header_timeout_secs, s.http.body_timeout_secs,
+            s.http.idle_timeout_secs) == (10.0, 30.0, 30.0)
+    assert (s.http.max_connections, s.grpc.max_connections) == (4096, 4096)
+    assert s.grpc.max_input_size == 2**31 - 1
+    assert (s.grpc.http2_min_recv_ping_interval_without_data_ms,
+            s.grpc.http2_max_ping_strikes) == (300_000, 2)
     s = parse("--model-repository=/a", "--http-header-timeout-secs=1.5",
               "--http-body-timeout-secs=2", "--http-idle-timeout-secs=3",
               "--http-max-connections=20", "--grpc-max-connections=4",
@@ -94,17 +97,17 @@ def test_slow_client_and_grpc_limit_flags() -> None:
               "--grpc-http2-min-recv-ping-interval-without-data=50",
               "--grpc-http2-max-ping-strikes=0", "--grpc-max-connection-idle=100",
               "--grpc-max-connection-age=200", "--grpc-max-connection-age-grace=300")
-    assert (s.http_header_timeout_secs, s.http_body_timeout_secs,
-            s.http_idle_timeout_secs, s.http_max_connections) == (1.5, 2.0, 3.0, 20)
-    assert (s.grpc_max_connections, s.grpc_max_concurrent_streams,
-            s.grpc_max_input_size) == (4, 2, 65536)
-    assert (s.grpc_keepalive_time_ms, s.grpc_keepalive_timeout_ms,
-            s.grpc_keepalive_permit_without_calls) == (1000, 500, True)
-    assert (s.grpc_http2_max_pings_without_data,
-            s.grpc_http2_min_recv_ping_interval_without_data_ms,
-            s.grpc_http2_max_ping_strikes) == (0, 50, 0)
-    assert (s.grpc_max_connection_idle_ms, s.grpc_max_connection_age_ms,
-            s.grpc_max_connection_age_grace_ms) == (100, 200, 300)
+    assert (s.http.header_timeout_secs, s.http.body_timeout_secs,
+            s.http.idle_timeout_secs, s.http.max_connections) == (1.5, 2.0, 3.0, 20)
+    assert (s.grpc.max_connections, s.grpc.max_concurrent_streams,
+            s.grpc.max_input_size) == (4, 2, 65536)
+    assert (s.grpc.keepalive_time_ms, s.grpc.keepalive_timeout_ms,
+            s.grpc.keepalive_permit_without_calls) == (1000, 500, True)
+    assert (s.grpc.http2_max_pings_without_data,
+            s.grpc.http2_min_recv_ping_interval_without_data_ms,
+            s.grpc.http2_max_ping_strikes) == (0, 50, 0)
+    assert (s.grpc.max_connection_idle_ms, s.grpc.max_connection_age_ms,
+            s.grpc.max_connection_age_grace_ms) == (100, 200, 300)
 
 
 @pytest.mark.parametrize(("flag", "message"), [
@@ -123,11 +126,11 @@ def test_bad_limit_flags_are_refused(flag: str, message: str,
 
 
 def test_rate_limit_flags_parse() -> None:
-    assert parse("--model-repository=/a").rate_limit == "off"
+    assert parse("--model-repository=/a").rate_limit.mode == "off"
     s = parse("--model-repository=/a", "--rate-limit=execution_count",
               "--rate-limit-resource=R1:10", "--rate-limit-resource", "R2:5:1")
-    assert s.rate_limit == "execution_count"
-    assert s.rate_limit_resources == [("R1", 10, -1), ("R2", 5, 1)]
+    assert s.rate_limit.mode == "execution_count"
+    assert s.rate_limit.resources == [("R1", 10, -1), ("R2", 5, 1)]
 
 
 @pytest.mark.parametrize("flag", ["--rate-limit=sometimes", "--rate-limit-resource=R",

@@ -22,9 +22,9 @@ def parsed(*argv: str) -> Settings:
 ])
 def test_the_flag_reaches_frontends_and_workers(argv: tuple[str, ...], allowed: bool) -> None:
     settings = parsed(*argv)
-    assert settings.client_shm_allow_foreign_owner is allowed
-    assert settings.for_workers().client_shm_allow_foreign_owner is allowed
-    assert Settings.from_json(settings.to_json()).client_shm_allow_foreign_owner is allowed
+    assert settings.client_shm.allow_foreign_owner is allowed
+    assert settings.for_workers().client_shm.allow_foreign_owner is allowed
+    assert Settings.from_json(settings.to_json()).client_shm.allow_foreign_owner is allowed
 
 
 def test_a_bad_value_is_refused() -> None:

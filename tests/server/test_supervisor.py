@@ -10,7 +10,7 @@ import pytest
 from shoal.server import supervisor as supervision
 from shoal.server.restarts import MAX_QUICK_DEATHS
 from shoal.server.supervisor import FrontendSlot, Supervisor
-from shoal.settings import Settings
+from shoal.settings import settings_from_flags
 
 
 class FakeProcess:
@@ -27,8 +27,8 @@ class FakeProcess:
 
 class FakeSupervisor(Supervisor):
     def __init__(self) -> None:
-        super().__init__(Settings(model_repositories=["/m"], instance_id="0123456789ab",
-                                  http_workers=2))
+        super().__init__(settings_from_flags(model_repositories=["/m"], instance_id="0123456789ab",
+                                             http_workers=2))
         self.status.close()
         self.spawned: list[int] = []
         self.frontends = [FrontendSlot(i, self.spawn_frontend(i), 0.0) for i in range(2)]

@@ -32,7 +32,7 @@ from shoal.messages import (
     decode,
     encode,
 )
-from shoal.settings import WorkerSettings
+from shoal.settings import settings_from_flags
 from shoal.shm.regions import RegionCache
 from shoal.shm.sweep import new_instance_id
 from shoal.shm.tensors import array_from_buffer, array_to_bytes
@@ -53,8 +53,9 @@ class WorkerHarness:
         config = text_format.Parse(textwrap.dedent(config_pbtxt), ModelConfig())
         runtime = root / "run"
         runtime.mkdir()
-        self.settings = WorkerSettings(instance_id=new_instance_id(), runtime_dir=str(runtime),
-                                       shm_segment_bytes=1 << 20, shm_arena_max_bytes=8 << 20)
+        self.settings = settings_from_flags(
+            instance_id=new_instance_id(), runtime_dir=str(runtime),
+            shm_segment_bytes=1 << 20, shm_arena_max_bytes=8 << 20).for_workers()
         endpoint = f"ipc://{runtime}/worker.sock"
         self.context: zmq.Context[Any] = zmq.Context()
         self.broker = self.context.socket(zmq.ROUTER)
@@ -66,7 +67,7 @@ class WorkerHarness:
             model_dir=str(model_dir), version_dir=str(model_dir / "1"),
             backend=str(config.backend), config_json=json.dumps(config_to_json(config)),
             instance_name=f"{name}_0", kind="CPU", device_id=0, broker_endpoint=endpoint,
-            arena_prefix=self.settings.segment_prefix + "w1-", settings=self.settings)
+            arena_prefix=self.settings.instance.segment_prefix + "w1-", settings=self.settings)
         self.proc = WorkerProc(self.spec, self.settings)
         self.proc.control_thread.start()
         argv = sys.argv

@@ -12,21 +12,21 @@ from shoal.broker.lifecycle.device_ledger import DeviceLedger, device_instances,
 from shoal.broker.lifecycle.records import Generation
 from shoal.broker.models import ModelManager
 from shoal.errors import ErrorCode, ShoalError
-from shoal.settings import Settings
+from shoal.settings import BrokerSettings
 from shoal.workers.backends.catalog import builtin_backend
 from shoal.workers.workspace import device_workspace_bytes
 
 
 def admit(generation: Generation, models: ModelManager, ledger: DeviceLedger,
-          settings: Settings) -> None:
+          settings: BrokerSettings) -> None:
     """Reserve the generation's device memory (``generation.ledger_owner`` names the
     reservation); raises ShoalError with the ledger's refusal when it does not fit."""
     config = generation.source.config
     version_dirs = [os.path.join(generation.source.model_dir, str(v))
                     for v in generation.runtimes]
     gpus = models.gpu_count
-    parts = device_need_parts(config, version_dirs, settings.model_load_device_margin_bytes,
-                              device_workspace_bytes(config, settings.backend_config),
+    parts = device_need_parts(config, version_dirs, settings.model_control.device_margin_bytes,
+                              device_workspace_bytes(config, settings.backend.config),
                               gpu_count=gpus,
                               instance_parts=instance_parts(generation, models, ledger))
     needs = {device: sum(held.values()) for device, held in parts.items()}

@@ -47,7 +47,7 @@ from shoal.process.devices import (
     parse_byte_size,
     visible_gpu_count,
 )
-from shoal.settings import Settings
+from shoal.settings import BrokerSettings
 
 logger = logging.getLogger(__name__)
 
@@ -358,7 +358,7 @@ def _visible_size(entry: str, rows: Sequence[tuple[str, int | None]]) -> int | N
     return matches[0] if len(matches) == 1 else None
 
 
-def ledger_from_settings(settings: Settings, *, device_count: int | None = None,
+def ledger_from_settings(settings: BrokerSettings, *, device_count: int | None = None,
                          environ: Mapping[str, str] = os.environ) -> DeviceLedger:
     """The broker's ledger: GPUs 0..device_count-1 (default ``visible_gpu_count()``, the count
     the broker normalizes instance groups with), their discovered capacities and the
@@ -367,7 +367,7 @@ def ledger_from_settings(settings: Settings, *, device_count: int | None = None,
     count = visible_gpu_count(environ=environ) if device_count is None else device_count
     found = discover_capacities(environ)
     capacities: dict[int, int | None] = {device: found.get(device) for device in range(count)}
-    limits = dict(settings.model_load_device_limits)
+    limits = dict(settings.model_control.device_limits)
     for device, fraction in sorted(limits.items()):
         if device not in capacities:
             logger.warning("%s %d:%g names GPU %d, which is not visible; ignored",

@@ -40,7 +40,7 @@ from shoal.broker.repository import discover_models
 from shoal.config.load_overrides import check_model_name
 from shoal.errors import ErrorCode, ShoalError
 from shoal.messages import Error, LoadModel, UnloadModel
-from shoal.settings import ModelControlMode, Settings
+from shoal.settings import BrokerSettings, ModelControlMode
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class LoopHooks(Protocol):
 
 
 class LifecycleDriver:
-    def __init__(self, settings: Settings, models: ModelManager, hooks: LoopHooks) -> None:
+    def __init__(self, settings: BrokerSettings, models: ModelManager, hooks: LoopHooks) -> None:
         self.settings = settings
         self.models = models
         self.hooks = hooks
@@ -80,14 +80,14 @@ class LifecycleDriver:
 
     def start(self, now: float) -> None:
         self.models.discover()
-        mode = self.settings.model_control_mode
+        mode = self.settings.model_control.mode
         names = sorted(self.models.repository_models)
-        if mode is ModelControlMode.EXPLICIT and self.settings.load_models != ["*"]:
-            names = list(dict.fromkeys(self.settings.load_models))
+        if mode is ModelControlMode.EXPLICIT and self.settings.model_control.load_models != ["*"]:
+            names = list(dict.fromkeys(self.settings.model_control.load_models))
         if mode is ModelControlMode.POLL:
             self.poll = PollTracker()
-            self.poll.baseline(fingerprint_models(self.settings.model_repositories) or {})
-            self.next_poll = now + self.settings.repository_poll_secs
+            self.poll.baseline(fingerprint_models(self.settings.model_control.repositories) or {})
+            self.next_poll = now + self.settings.model_control.repository_poll_secs
         for name in names:
             self.models.record(name).wanted = True
             self.submit(name, LoadCommand(None, "start"), now)
@@ -103,7 +103,7 @@ class LifecycleDriver:
         if self.stopping:
             self.reply(waiter, Error(ErrorCode.UNAVAILABLE, "Server exiting"))
             return
-        if self.settings.model_control_mode is not ModelControlMode.EXPLICIT:
+        if self.settings.model_control.mode is not ModelControlMode.EXPLICIT:
             self.reply(waiter, Error(ErrorCode.UNAVAILABLE, NOT_ALLOWED))
             return
         try:
@@ -136,7 +136,8 @@ class LifecycleDriver:
     def _read_in_thread(self, name: str, command: LoadCommand) -> None:
         def read() -> None:
             try:  # a model added since the last scan can be loaded
-                found: dict[str, str] | None = discover_models(self.settings.model_repositories)
+                found: dict[str, str] | None = discover_models(
+                    self.settings.model_control.repositories)
             except ShoalError:
                 found = None
             known = found if found is not None else self.models.repository_models
@@ -179,9 +180,9 @@ class LifecycleDriver:
             return
         try:
             generation = self.models.build_generation(name, read, command, now)
-            if self.settings.rate_limit != "off":  # before admit reserves device memory
+            if self.settings.rate_limit.mode != "off":  # before admit reserves device memory
                 check_load(self.models.runtimes(), generation.runtimes.values(),
-                           self.settings.rate_limit_resources)
+                           self.settings.rate_limit.resources)
             if not generation.is_ensemble:
                 admit(generation, self.models, self.ledger, self.settings)
         except ShoalError as exc:
@@ -337,14 +338,14 @@ class LifecycleDriver:
         self._scanning = True
 
         def scan() -> None:
-            found = fingerprint_models(self.settings.model_repositories)
+            found = fingerprint_models(self.settings.model_control.repositories)
             self._complete(lambda now: self._on_scan(found, now))
 
         self.load_threads.submit(scan)
 
     def _on_scan(self, found: dict[str, str] | None, now: float) -> None:
         self._scanning = False
-        self.next_poll = now + self.settings.repository_poll_secs
+        self.next_poll = now + self.settings.model_control.repository_poll_secs
         if found is None or self.poll is None or self.stopping:
             return
         load, unload = self.poll.observe(found)

@@ -41,7 +41,7 @@ from shoal.messages import (
     TensorRef,
     UnloadModel,
 )
-from shoal.settings import Settings
+from shoal.settings import FrontendSettings
 from shoal.shm.arena import Arena, Slot
 from shoal.shm.regions import RegionCache
 
@@ -69,14 +69,16 @@ def frontend_identity(pid: int) -> str:
 
 
 class FrontendDataPlane:
-    def __init__(self, settings: Settings, index: int = 0) -> None:
+    def __init__(self, settings: FrontendSettings, index: int = 0) -> None:
         self.settings = settings
         self.index = index
         frontend_id = frontend_identity(os.getpid())
-        self.arena = Arena(f"{settings.segment_prefix}{frontend_id}-", settings.shm_segment_bytes,
-                           settings.shm_arena_max_bytes)
-        self.outputs = RegionCache(settings.segment_prefix)
-        self.client = BrokerClient(f"ipc://{settings.runtime_dir}/frontend.sock", frontend_id,
+        self.arena = Arena(f"{settings.instance.segment_prefix}{frontend_id}-",
+                           settings.shm.segment_bytes,
+                           settings.shm.arena_max_bytes)
+        self.outputs = RegionCache(settings.instance.segment_prefix)
+        self.client = BrokerClient(f"ipc://{settings.instance.runtime_dir}/frontend.sock",
+                                   frontend_id,
                                    self._on_snapshot, index, self._restore_region)
         self._snapshot = RepositorySnapshot(models=[], models_ready=False)
         self._connected = False
@@ -88,7 +90,7 @@ class FrontendDataPlane:
         self._shared_memory: SharedMemoryRegistry | None = None
         # --cache-config: this frontend's share of the response cache (each frontend process
         # holds its own LRU; their figures are summed by the broker)
-        cache_bytes = settings.response_cache_bytes // max(1, settings.http_workers)
+        cache_bytes = settings.response_cache_bytes // max(1, settings.http.workers)
         self.response_cache = ResponseCache(
             cache_bytes, self.client.report_cache_figures) if cache_bytes > 0 else None
         self._cache_off_noted: set[str] = set()
@@ -179,7 +181,7 @@ class FrontendDataPlane:
         if self._exiting or not self._connected or self._snapshot.exiting \
                 or self.client.broker_gone:
             return False
-        return self._snapshot.models_ready or not self.settings.strict_readiness
+        return self._snapshot.models_ready or not self.settings.model_control.strict_readiness
 
     def model(self, name: str, version: str | None) -> ModelVersionInfo:
         return model_lookup.resolve(self._models.get(name), name, version, _serving)
@@ -261,7 +263,7 @@ class FrontendDataPlane:
     def _output_bytes(self, ref: TensorRef, request_id: int) -> bytes | memoryview | None:
         """An answer's output bytes to keep in the cache: from the worker's segment, or back
         from the client system region it was written to."""
-        if ref.inline is not None or ref.region.startswith(self.settings.segment_prefix):
+        if ref.inline is not None or ref.region.startswith(self.settings.instance.segment_prefix):
             return self.output_view(ref)
         if self._shared_memory is None:
             return None

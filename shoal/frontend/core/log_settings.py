@@ -19,7 +19,7 @@ from typing import Any, Final
 
 from shoal.errors import invalid_arg, unsupported
 from shoal.process.lifecycle import log_level
-from shoal.settings import Settings
+from shoal.settings import FrontendSettings
 
 LOG_FORMATS: Final = ("default", "ISO8601")
 _BOOL_KEYS: Final = ("log_info", "log_warning", "log_error")
@@ -65,12 +65,12 @@ class LogSettings:
         return replace(self, **values)
 
     @staticmethod
-    def starting(settings: Settings) -> LogSettings:
+    def starting(settings: FrontendSettings) -> LogSettings:
         """The settings the server started with (``--log-*`` flags)."""
-        return LogSettings(log_file=settings.log_file, log_info=settings.log_info,
-                           log_warning=settings.log_warning, log_error=settings.log_error,
-                           log_verbose_level=max(settings.log_verbose, 0),
-                           log_format=settings.log_format)
+        return LogSettings(log_file=settings.log.file, log_info=settings.log.info,
+                           log_warning=settings.log.warning, log_error=settings.log.error,
+                           log_verbose_level=max(settings.log.verbose, 0),
+                           log_format=settings.log.format)
 
     def python_level(self) -> int:
         return log_level(self.log_verbose_level, self.log_info, self.log_warning,

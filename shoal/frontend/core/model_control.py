@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Protocol, runtime_checkable
 
 from shoal.errors import unavailable, unsupported
-from shoal.settings import ModelControlMode, Settings
+from shoal.settings import FrontendSettings, ModelControlMode
 
 
 @runtime_checkable
@@ -20,12 +20,12 @@ class ModelControl(Protocol):
     async def unload_model(self, name: str, unload_dependents: bool) -> None: ...
 
 
-def require_model_control(settings: Settings, control: ModelControl | None,
+def require_model_control(settings: FrontendSettings, control: ModelControl | None,
                           repository_named: bool) -> ModelControl:
     """The load / unload gate shared by HTTP and gRPC, with Triton's messages."""
     if repository_named:
         raise unsupported("'repository_name' specification is not supported")
-    if settings.model_control_mode is not ModelControlMode.EXPLICIT:
+    if settings.model_control.mode is not ModelControlMode.EXPLICIT:
         raise unavailable("explicit model load / unload is not allowed if polling is enabled")
     if control is None:
         raise unsupported("model load / unload is not supported by this server")

@@ -35,7 +35,7 @@ from shoal.frontend.grpc.health import health_handler
 from shoal.frontend.grpc.restricted import restricted_interceptors
 from shoal.frontend.grpc.service import InferenceServicer
 from shoal.frontend.restricted import RestrictedApis
-from shoal.settings import Settings
+from shoal.settings import FrontendSettings
 
 if TYPE_CHECKING:
     from shoal.frontend.core.dataplane import DataPlane
@@ -44,47 +44,47 @@ if TYPE_CHECKING:
 MAX_MESSAGE_BYTES: Final = 2**31 - 1  # INT32_MAX, as Triton and tritonclient use
 
 
-def server_options(settings: Settings, max_connections: int | None = None
+def server_options(settings: FrontendSettings, max_connections: int | None = None
                    ) -> list[tuple[str, int]]:
     """grpc channel arguments from the settings; ``max_connections`` overrides
     ``--grpc-max-connections`` (the process's descriptor budget may be smaller)."""
     options = [
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-        ("grpc.max_receive_message_length", settings.grpc_max_input_size),
+        ("grpc.max_receive_message_length", settings.grpc.max_input_size),
         ("grpc.so_reuseport", 1),
         ("grpc.max_allowed_incoming_connections",
-         settings.grpc_max_connections if max_connections is None else max_connections),
-        ("grpc.max_concurrent_streams", settings.grpc_max_concurrent_streams),
-        ("grpc.keepalive_time_ms", settings.grpc_keepalive_time_ms),
-        ("grpc.keepalive_timeout_ms", settings.grpc_keepalive_timeout_ms),
-        ("grpc.keepalive_permit_without_calls", int(settings.grpc_keepalive_permit_without_calls)),
-        ("grpc.http2.max_pings_without_data", settings.grpc_http2_max_pings_without_data),
+         settings.grpc.max_connections if max_connections is None else max_connections),
+        ("grpc.max_concurrent_streams", settings.grpc.max_concurrent_streams),
+        ("grpc.keepalive_time_ms", settings.grpc.keepalive_time_ms),
+        ("grpc.keepalive_timeout_ms", settings.grpc.keepalive_timeout_ms),
+        ("grpc.keepalive_permit_without_calls", int(settings.grpc.keepalive_permit_without_calls)),
+        ("grpc.http2.max_pings_without_data", settings.grpc.http2_max_pings_without_data),
         ("grpc.http2.min_ping_interval_without_data_ms",
-         settings.grpc_http2_min_recv_ping_interval_without_data_ms),
-        ("grpc.http2.max_ping_strikes", settings.grpc_http2_max_ping_strikes),
+         settings.grpc.http2_min_recv_ping_interval_without_data_ms),
+        ("grpc.http2.max_ping_strikes", settings.grpc.http2_max_ping_strikes),
     ]
-    for name, value in (("grpc.max_connection_idle_ms", settings.grpc_max_connection_idle_ms),
-                        ("grpc.max_connection_age_ms", settings.grpc_max_connection_age_ms),
+    for name, value in (("grpc.max_connection_idle_ms", settings.grpc.max_connection_idle_ms),
+                        ("grpc.max_connection_age_ms", settings.grpc.max_connection_age_ms),
                         ("grpc.max_connection_age_grace_ms",
-                         settings.grpc_max_connection_age_grace_ms)):
+                         settings.grpc.max_connection_age_grace_ms)):
         if value > 0:  # 0 = none: grpc's default (infinite)
             options.append((name, value))
     return options
 
 
-def response_compression(settings: Settings) -> grpc.Compression:
+def response_compression(settings: FrontendSettings) -> grpc.Compression:
     """``--grpc-infer-response-compression-level``: any level but none answers with gzip (grpc
     compresses only for clients that said they accept it; Python's grpc has no levels)."""
-    if settings.grpc_response_compression == "none":
+    if settings.grpc.response_compression == "none":
         return grpc.Compression.NoCompression
     return grpc.Compression.Gzip
 
 
-def server_credentials(settings: Settings) -> grpc.ServerCredentials | None:
+def server_credentials(settings: FrontendSettings) -> grpc.ServerCredentials | None:
     """``--grpc-use-ssl`` (``-mutual``: clients must present a certificate the root
     certificate signed): TLS credentials from the PEM files; None for plain gRPC. The CLI
     checked that the files exist; an unreadable one raises SystemExit naming it."""
-    if not settings.grpc_use_ssl:
+    if not settings.grpc.use_ssl:
         return None
 
     def read(path: str) -> bytes:
@@ -94,21 +94,22 @@ def server_credentials(settings: Settings) -> grpc.ServerCredentials | None:
         except OSError as exc:
             raise SystemExit(f"cannot read {path} for gRPC TLS: {exc.strerror}") from None
 
-    root = read(settings.grpc_root_cert) if settings.grpc_root_cert else None
+    root = read(settings.grpc.root_cert) if settings.grpc.root_cert else None
     return grpc.ssl_server_credentials(
-        [(read(settings.grpc_server_key), read(settings.grpc_server_cert))],
-        root_certificates=root, require_client_auth=settings.grpc_use_ssl_mutual)
+        [(read(settings.grpc.server_key), read(settings.grpc.server_cert))],
+        root_certificates=root, require_client_auth=settings.grpc.use_ssl_mutual)
 
 
-def grpc_bind_address(settings: Settings) -> str:
-    host = settings.grpc_address
+def grpc_bind_address(settings: FrontendSettings) -> str:
+    host = settings.grpc.address
     if ":" in host and not host.startswith("["):
         host = f"[{host}]"  # IPv6 literal
-    return f"{host}:{settings.grpc_port}"
+    return f"{host}:{settings.grpc.port}"
 
 
 def create_grpc_server(
-    dataplane: DataPlane, settings: Settings, log_settings: ProcessLogSettings | None = None,
+    dataplane: DataPlane, settings: FrontendSettings,
+    log_settings: ProcessLogSettings | None = None,
     max_connections: int | None = None, tracer: Tracer | None = None,
 ) -> Any:
     """A grpc.aio server bound to the configured address (not started). ``log_settings`` are
@@ -116,7 +117,7 @@ def create_grpc_server(
     ``server_options``. Raises SystemExit when the port cannot be bound."""
     if log_settings is None:
         log_settings = ProcessLogSettings(LogSettings.starting(settings))
-    interceptors = restricted_interceptors(RestrictedApis(settings.grpc_restricted_protocols))
+    interceptors = restricted_interceptors(RestrictedApis(settings.grpc.restricted_protocols))
     server = grpc.aio.server(options=server_options(settings, max_connections),
                              interceptors=interceptors,
                              compression=response_compression(settings))

@@ -32,7 +32,7 @@ from shoal.frontend.cuda_shm import register_cuda_region
 from shoal.frontend.grpc.convert import parameter_value
 from shoal.frontend.grpc.inference import GrpcInference
 from shoal.frontend.grpc.status import INTERNAL_ERROR_MESSAGE, abort, guarded
-from shoal.settings import Settings
+from shoal.settings import FrontendSettings
 from shoal.trace.config import TraceConfig
 from shoal.trace.sampling import Tracer
 from shoal.trace.values import parse_grpc_change
@@ -50,14 +50,14 @@ class InferenceServicer:
     """Registered with ``handlers.add_inference_service``. Method
     names are the RPC names."""
 
-    def __init__(self, dataplane: DataPlane, settings: Settings,
+    def __init__(self, dataplane: DataPlane, settings: FrontendSettings,
                  log_settings: ProcessLogSettings, tracer: Tracer | None = None) -> None:
         self.dataplane = dataplane
         self.settings = settings
         self.log_settings = log_settings
         self.tracer = tracer or Tracer(TraceConfig.from_triples(settings.trace_config))
         self.inference = GrpcInference(dataplane, self.tracer,
-                                       compile_pattern(settings.grpc_header_forward_pattern))
+                                       compile_pattern(settings.grpc.header_forward_pattern))
         self.model_control = dataplane if isinstance(dataplane, ModelControl) else None
 
     # ---------------------------------------------------------------- health and metadata

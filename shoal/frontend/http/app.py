@@ -46,7 +46,7 @@ from shoal.frontend.http.restricted import ApiRoute, gate_routes
 from shoal.frontend.http.shared_memory import SharedMemoryApi
 from shoal.frontend.http.trace_api import TraceApi
 from shoal.frontend.restricted import ApiCategory, RestrictedApis
-from shoal.settings import Settings
+from shoal.settings import FrontendSettings
 from shoal.trace.config import TraceConfig
 from shoal.trace.sampling import Tracer
 
@@ -83,7 +83,7 @@ class HttpApi:
     """The non-infer endpoints. One per app; ``log_settings`` are this process's (shared with
     its gRPC endpoint when given)."""
 
-    def __init__(self, dataplane: DataPlane, settings: Settings,
+    def __init__(self, dataplane: DataPlane, settings: FrontendSettings,
                  log_settings: ProcessLogSettings | None = None) -> None:
         self.dataplane = dataplane
         self.settings = settings
@@ -92,7 +92,7 @@ class HttpApi:
         self.model_control = dataplane if isinstance(dataplane, ModelControl) else None
 
     async def _json_body(self, request: Request, what: str) -> dict[str, Any]:
-        body = await read_body(request, self.settings.http_max_input_size)
+        body = await read_body(request, self.settings.http.max_input_size)
         return parse_json_object(body, what) if body.strip() else {}
 
     # ---------------------------------------------------------------- health and metadata
@@ -205,8 +205,8 @@ INFER_ROUTE: Final = "/v2/models/{model}/infer"
 
 
 def _model_routes(prefix: str, api: HttpApi, infer: Endpoint) -> list[ApiRoute]:
-    generate = GenerateHandler(api.dataplane, api.settings.http_max_input_size, streaming=False)
-    generate_stream = GenerateHandler(api.dataplane, api.settings.http_max_input_size,
+    generate = GenerateHandler(api.dataplane, api.settings.http.max_input_size, streaming=False)
+    generate_stream = GenerateHandler(api.dataplane, api.settings.http.max_input_size,
                                       streaming=True)
     return [
         ApiRoute(prefix, guarded(api.model_metadata), methods=["GET"],
@@ -249,7 +249,7 @@ def _routes(api: HttpApi, infer: Endpoint) -> list[BaseRoute]:
                                methods=["POST"], category=ApiCategory.MODEL_REPOSITORY))
     routes += _model_routes("/v2/models/{model}", api, infer)
     routes += _model_routes("/v2/models/{model}/versions/{version:int}", api, infer)
-    routes += OpenAiApi(api.dataplane, api.settings.http_max_input_size).routes()  # /v1/...
+    routes += OpenAiApi(api.dataplane, api.settings.http.max_input_size).routes()  # /v1/...
     return routes
 
 
@@ -265,7 +265,7 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
 
 def create_app(
     dataplane: DataPlane,
-    settings: Settings,
+    settings: FrontendSettings,
     *,
     extra_routes: Sequence[BaseRoute] = (),
     log_settings: ProcessLogSettings | None = None,
@@ -275,14 +275,14 @@ def create_app(
     ``log_settings`` are shared with the process's other endpoints. Every route gets the gate of
     its category from ``--http-restricted-api`` (TypeError for a route without a category)."""
     api = HttpApi(dataplane, settings, log_settings)
-    infer_handler = InferHandler(dataplane, settings.http_max_input_size,
-                                 compile_pattern(settings.http_header_forward_pattern))
+    infer_handler = InferHandler(dataplane, settings.http.max_input_size,
+                                 compile_pattern(settings.http.header_forward_pattern))
     infer = guarded(infer_handler)
     tracer = tracer or Tracer(TraceConfig.from_triples(settings.trace_config))
     routes = [*extra_routes, *_routes(api, infer),
-              *TraceApi(dataplane, tracer, settings.http_max_input_size).routes(guarded)]
+              *TraceApi(dataplane, tracer, settings.http.max_input_size).routes(guarded)]
     routes.append(openapi_route(routes))  # GET /v2/openapi.json: the document of this table
-    gate_routes(routes, RestrictedApis(settings.http_restricted_apis))
+    gate_routes(routes, RestrictedApis(settings.http.restricted_apis))
     app = Starlette(
         routes=routes,
         exception_handlers={HTTPException: _http_exception, Exception: _unexpected},
@@ -297,7 +297,7 @@ def create_app(
     return app
 
 
-def create_asgi_app(dataplane: DataPlane, settings: Settings,
+def create_asgi_app(dataplane: DataPlane, settings: FrontendSettings,
                     log_settings: ProcessLogSettings | None = None,
                     tracer: Tracer | None = None) -> ASGIApp:
     """What the frontend serves: the app behind the infer fast path (same endpoints), which
@@ -307,9 +307,9 @@ def create_asgi_app(dataplane: DataPlane, settings: Settings,
     from shoal.frontend.http.lean import LeanInfer
 
     app = create_app(dataplane, settings, log_settings=log_settings, tracer=tracer)
-    fast = InferFastPath(app, app.state.infer, settings.http_max_input_size,
+    fast = InferFastPath(app, app.state.infer, settings.http.max_input_size,
                          app.state.infer_route.gate, app.state.tracer)
     fast.lean_infer = LeanInfer(app.state.infer_handler, dataplane,
-                                settings.http_max_input_size, app.state.infer_route.gate,
+                                settings.http.max_input_size, app.state.infer_route.gate,
                                 app.state.tracer)
     return fast

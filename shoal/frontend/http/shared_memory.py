@@ -37,7 +37,7 @@ from shoal.frontend.shm_contract import DISABLED_MESSAGE
 if TYPE_CHECKING:
     from shoal.frontend.core.dataplane import DataPlane
     from shoal.frontend.shm_contract import SharedMemoryRegistry
-    from shoal.settings import Settings
+    from shoal.settings import FrontendSettings
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 UINT64_MAX: Final = (1 << 64) - 1
@@ -57,7 +57,7 @@ def _region(request: Request) -> str | None:
 
 
 class SharedMemoryApi:
-    def __init__(self, dataplane: DataPlane, settings: Settings) -> None:
+    def __init__(self, dataplane: DataPlane, settings: FrontendSettings) -> None:
         self._dataplane = dataplane
         self._settings = settings
 
@@ -115,11 +115,11 @@ class SharedMemoryApi:
     # ---------------------------------------------------------------- helpers
 
     def _check_enabled(self) -> None:
-        if not self._settings.allow_client_shm:
+        if not self._settings.client_shm.allowed:
             raise unsupported(DISABLED_MESSAGE)
 
     async def _body(self, request: Request) -> dict[str, Any]:
-        body = await read_body(request, self._settings.http_max_input_size)
+        body = await read_body(request, self._settings.http.max_input_size)
         return parse_json_object(body, "shared memory register request")
 
     def routes(self, guard: Callable[[Endpoint], Endpoint]) -> list[ApiRoute]:

@@ -49,7 +49,7 @@ from shoal.messages import (
     RepositorySnapshot,
     StatsReply,
 )
-from shoal.settings import Settings
+from shoal.settings import FrontendSettings
 
 if TYPE_CHECKING:
     from shoal.frontend.core.dataplane import DataPlane
@@ -158,7 +158,7 @@ async def _all_stats(dataplane: DataPlane) -> StatsReply | None:
 
 def _config_of(dataplane: DataPlane) -> MetricsConfig:
     settings = getattr(dataplane, "settings", None)
-    return MetricsConfig.from_settings(settings) if isinstance(settings, Settings) \
+    return MetricsConfig.from_settings(settings) if isinstance(settings, FrontendSettings) \
         else MetricsConfig()
 
 

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from shoal.settings import Settings
+from shoal.settings import FrontendSettings
 
 DEFAULT_QUANTILES: Final[tuple[tuple[float, float], ...]] = (
     (0.5, 0.05), (0.9, 0.01), (0.95, 0.001), (0.99, 0.001), (0.999, 0.001))
@@ -36,15 +36,15 @@ class MetricsConfig:
     response_cache: bool = False  # the server has a response cache: nv_cache_* families
 
     @staticmethod
-    def from_settings(settings: Settings) -> MetricsConfig:
+    def from_settings(settings: FrontendSettings) -> MetricsConfig:
         return MetricsConfig(
-            counter_latencies=settings.metrics_counter_latencies,
-            histogram_latencies=settings.metrics_histogram_latencies,
-            summary_latencies=settings.metrics_summary_latencies,
-            summary_quantiles=tuple(settings.metrics_summary_quantiles),
-            allow_gpu_metrics=settings.allow_gpu_metrics,
-            allow_cpu_metrics=settings.allow_cpu_metrics,
-            interval_s=settings.metrics_interval_ms / 1000.0,
+            counter_latencies=settings.metrics.counter_latencies,
+            histogram_latencies=settings.metrics.histogram_latencies,
+            summary_latencies=settings.metrics.summary_latencies,
+            summary_quantiles=tuple(settings.metrics.summary_quantiles),
+            allow_gpu_metrics=settings.metrics.allow_gpu,
+            allow_cpu_metrics=settings.metrics.allow_cpu,
+            interval_s=settings.metrics.interval_ms / 1000.0,
             response_cache=settings.response_cache_bytes > 0)
 
 

@@ -121,11 +121,11 @@ class BlsClient:
                 raise ShoalError(ErrorCode.UNAVAILABLE, "the worker is shutting down")
             if self._link is None:
                 settings = self._settings
-                self._arena = Arena(self._arena_prefix, settings.shm_segment_bytes,
-                                    settings.shm_arena_max_bytes)
-                memory = CalleeMemory(settings.segment_prefix, settings.shm_segment_bytes,
-                                      max(settings.shm_arena_max_bytes // 2, 1))
-                self._link = BlsLink(self._context, f"ipc://{settings.runtime_dir}/frontend.sock",
+                self._arena = Arena(self._arena_prefix, settings.shm.segment_bytes,
+                                    settings.shm.arena_max_bytes)
+                memory = CalleeMemory(settings.instance.segment_prefix, settings.shm.segment_bytes,
+                                      max(settings.shm.arena_max_bytes // 2, 1))
+                self._link = BlsLink(self._context, f"ipc://{settings.instance.runtime_dir}/frontend.sock",
                                      self._identity, memory)
             return self._link
 

@@ -24,7 +24,7 @@ from shoal.broker.lifecycle.device_ledger import (
 from shoal.config.model_config import normalize_config, parse_config_text
 from shoal.errors import ErrorCode, ShoalError
 from shoal.messages import DeviceMemory, DeviceMemoryHolder
-from shoal.settings import Settings
+from shoal.settings import settings_from_flags
 from shoal.workers.workspace import device_workspace_bytes
 from tests.fakes.gpus import PROVIDER
 
@@ -301,14 +301,16 @@ def _no_query() -> str:
 
 def test_ledger_from_settings_uses_visible_gpus_sizes_and_limits(
         caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
-    settings = Settings(model_repositories=["/r"], model_load_device_limits=[(0, 0.5), (5, 0.5)])
+    settings = settings_from_flags(model_repositories=["/r"],
+                                   model_load_device_limits=[(0, 0.5), (5, 0.5)]).for_broker()
     monkeypatch.setenv("SHOAL_FAKE_GPUS", "0:4GiB,1:2GiB")
     ledger = ledger_from_settings(settings, environ={"SHOAL_DEVICE_INVENTORY": PROVIDER})
     assert [(u.device, u.capacity, u.limit) for u in ledger.usage()] == [
         (0, 4 * GIB, 2 * GIB), (1, 2 * GIB, 2 * GIB)]
     assert "names GPU 5, which is not visible" in caplog.text
-    unknown = ledger_from_settings(Settings(model_repositories=["/r"],
-                                            model_load_device_limits=[(0, 0.5)]),
+    settings = settings_from_flags(model_repositories=["/r"],
+                                   model_load_device_limits=[(0, 0.5)]).for_broker()
+    unknown = ledger_from_settings(settings,
                                    device_count=1, environ={"CUDA_VISIBLE_DEVICES": ""})
     assert unknown.usage() == [DeviceUsage(0, None, None, 0, ())]
     assert "cannot be enforced" in caplog.text

@@ -8,7 +8,7 @@ from shoal.broker.lifecycle.records import Generation, ModelRecord, Phase
 from shoal.broker.model_runtime import build_runtime
 from shoal.broker.repository import ModelSource
 from shoal.messages import ModelVersionState
-from shoal.settings import Settings
+from shoal.settings import settings_from_flags
 
 
 def _generation(gid: int, versions: list[int], started: float = 0.0) -> Generation:
@@ -16,7 +16,7 @@ def _generation(gid: int, versions: list[int], started: float = 0.0) -> Generati
     config.instance_group.add(kind=ModelConfig().instance_group.add().KIND_CPU, count=1,
                               name="m")
     source = ModelSource("m", "/repo", "/repo/m", config, versions, "m/config.pbtxt")
-    settings = Settings(model_repositories=["/repo"])
+    settings = settings_from_flags(model_repositories=["/repo"]).for_broker()
     runtimes = {v: build_runtime(source, v, settings, gid * 10 + v) for v in versions}
     return Generation(id=gid, name="m", source=source, runtimes=runtimes, started_at=started)
 

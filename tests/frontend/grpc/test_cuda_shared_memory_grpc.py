@@ -18,7 +18,7 @@ from shoal.frontend.grpc.service import CUDA_SHM_NO_DEVICE
 from shoal.frontend.shm_contract import DISABLED_MESSAGE
 from shoal.frontend.shm_registry import ClientSharedMemoryRegistry
 from shoal.messages import CudaHandle
-from shoal.settings import Settings
+from shoal.settings import settings_from_flags
 from shoal.shm.cuda_ipc import PROVIDER_ENV
 from tests.fakes.cuda_ipc import PROVIDER
 from tests.frontend.grpc.fakes import StreamingFakeDataPlane
@@ -35,7 +35,8 @@ class CudaShmDataPlane(StreamingFakeDataPlane):
     real_registry: ClientSharedMemoryRegistry = field(init=False)
 
     def __post_init__(self) -> None:
-        settings = Settings(model_repositories=["/m"], allow_client_shm=self.allow_client_shm)
+        settings = settings_from_flags(model_repositories=["/m"],
+                                       allow_client_shm=self.allow_client_shm).for_frontends()
         self.real_registry = ClientSharedMemoryRegistry(settings,
                                                         on_cuda_forget=self.forgotten.append)
 

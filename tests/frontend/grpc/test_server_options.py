@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from shoal.frontend.grpc.server import MAX_MESSAGE_BYTES, server_options
-from shoal.settings import Settings
+from shoal.settings import settings_from_flags
 
 
 def test_defaults_are_tritons_with_caps() -> None:
-    options = dict(server_options(Settings(model_repositories=["/m"])))
+    options = dict(server_options(settings_from_flags(model_repositories=["/m"]).for_frontends()))
     assert options["grpc.max_receive_message_length"] == MAX_MESSAGE_BYTES == 2**31 - 1
     assert options["grpc.max_send_message_length"] == MAX_MESSAGE_BYTES
     assert options["grpc.max_concurrent_streams"] == 1024
@@ -23,10 +23,12 @@ def test_defaults_are_tritons_with_caps() -> None:
 
 
 def test_configured_values_and_the_budget_override() -> None:
-    settings = Settings(model_repositories=["/m"], grpc_max_input_size=1024,
-                        grpc_max_concurrent_streams=8, grpc_keepalive_permit_without_calls=True,
-                        grpc_max_connection_idle_ms=1000, grpc_max_connection_age_ms=60_000,
-                        grpc_max_connection_age_grace_ms=5000)
+    settings = settings_from_flags(model_repositories=["/m"], grpc_max_input_size=1024,
+                                   grpc_max_concurrent_streams=8,
+                                   grpc_keepalive_permit_without_calls=True,
+                                   grpc_max_connection_idle_ms=1000,
+                                   grpc_max_connection_age_ms=60_000,
+                                   grpc_max_connection_age_grace_ms=5000).for_frontends()
     options = dict(server_options(settings, max_connections=100))
     assert options["grpc.max_receive_message_length"] == 1024
     assert options["grpc.max_concurrent_streams"] == 8

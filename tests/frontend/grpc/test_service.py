@@ -25,7 +25,7 @@ from shoal.frontend.grpc.inference import DECOUPLED_UNARY_MESSAGE
 from shoal.frontend.grpc.server import create_grpc_server
 from shoal.frontend.http.app import create_app
 from shoal.messages import TensorSpec
-from shoal.settings import Settings
+from shoal.settings import settings_from_flags
 from tests.e2e.server import free_port
 from tests.frontend.grpc.fakes import StreamingFakeDataPlane
 from tests.frontend.http.fakes import make_model
@@ -50,8 +50,9 @@ def serve(dataplane: StreamingFakeDataPlane, test: Test,
           log_settings: ProcessLogSettings | None = None, allow_client_shm: bool = False) -> None:
     """Run ``test(stub, channel)`` against a server on a free port, then stop it."""
     port = free_port()
-    settings = Settings(model_repositories=["/models"], grpc_address="127.0.0.1",
-                        grpc_port=port, allow_client_shm=allow_client_shm)
+    settings = settings_from_flags(model_repositories=["/models"], grpc_address="127.0.0.1",
+                                   grpc_port=port,
+                                   allow_client_shm=allow_client_shm).for_frontends()
 
     async def main() -> None:
         server = create_grpc_server(dataplane, settings, log_settings)
@@ -432,7 +433,7 @@ def test_log_settings_are_shared_with_the_http_endpoint(
 
     try:
         serve(dataplane, test, shared)
-        settings = Settings(model_repositories=["/m"])
+        settings = settings_from_flags(model_repositories=["/m"]).for_frontends()
         with TestClient(create_app(dataplane, settings, log_settings=shared)) as client:
             document = client.get("/v2/logging").json()
         assert (document["log_verbose_level"], document["log_format"]) == (1, "ISO8601")

@@ -15,10 +15,10 @@ from shoal.frontend.http.app import create_app
 from shoal.frontend.http.restricted import ApiRoute
 from shoal.frontend.restricted import ApiCategory
 from shoal.messages import Duration, Error, ModelStats, ModelVersionState, TensorSpec
-from shoal.settings import ModelControlMode, Settings
+from shoal.settings import ModelControlMode, settings_from_flags
 from tests.frontend.http.fakes import FakeDataPlane, make_model
 
-SETTINGS = Settings(model_repositories=["/models"])
+SETTINGS = settings_from_flags(model_repositories=["/models"]).for_frontends()
 
 
 def make_dataplane() -> FakeDataPlane:
@@ -250,7 +250,8 @@ class ControllingDataPlane(FakeDataPlane):
 
 def test_explicit_mode_forwards_load_and_unload() -> None:
     dataplane = ControllingDataPlane(models=[make_model("simple")])
-    settings = Settings(model_repositories=["/m"], model_control_mode=ModelControlMode.EXPLICIT)
+    settings = settings_from_flags(model_repositories=["/m"],
+                                   model_control_mode=ModelControlMode.EXPLICIT).for_frontends()
     with TestClient(create_app(dataplane, settings)) as client:
         assert "model_repository(unload_dependents)" in client.get("/v2").json()["extensions"]
         load = client.post("/v2/repository/models/new/load", json={
@@ -266,7 +267,8 @@ def test_explicit_mode_forwards_load_and_unload() -> None:
 
 
 def test_explicit_mode_without_model_control_is_unsupported(dataplane: FakeDataPlane) -> None:
-    settings = Settings(model_repositories=["/m"], model_control_mode=ModelControlMode.EXPLICIT)
+    settings = settings_from_flags(model_repositories=["/m"],
+                                   model_control_mode=ModelControlMode.EXPLICIT).for_frontends()
     with TestClient(create_app(dataplane, settings)) as client:
         assert client.post("/v2/repository/models/simple/load").status_code == 501
 

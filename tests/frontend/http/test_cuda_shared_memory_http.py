@@ -21,14 +21,14 @@ from shoal.frontend.core.dataplane import InferOutcome
 from shoal.frontend.http.app import create_app
 from shoal.frontend.shm_registry import ClientSharedMemoryRegistry
 from shoal.messages import CudaHandle, InferRequest, InferResponse, TensorRef
-from shoal.settings import Settings
+from shoal.settings import FrontendSettings, settings_from_flags
 from shoal.shm.arena import Slot
 from shoal.shm.cuda_ipc import PROVIDER_ENV
 from tests.fakes.cuda_ipc import PROVIDER
 from tests.frontend.http.fakes import FakeDataPlane, make_model
 
-ENABLED = Settings(model_repositories=["/m"], allow_client_shm=True)
-DISABLED = Settings(model_repositories=["/m"])
+ENABLED = settings_from_flags(model_repositories=["/m"], allow_client_shm=True).for_frontends()
+DISABLED = settings_from_flags(model_repositories=["/m"]).for_frontends()
 NO_DEVICE = "CUDA shared memory is not supported: torch sees no CUDA device"
 
 
@@ -39,7 +39,7 @@ class CudaFakeDataPlane(FakeDataPlane):
 
     forgotten: list[list[CudaHandle]] = field(default_factory=list)
     shared_memory: ClientSharedMemoryRegistry = field(init=False)
-    settings: Settings = ENABLED
+    settings: FrontendSettings = ENABLED
 
     def __post_init__(self) -> None:
         self.shared_memory = ClientSharedMemoryRegistry(self.settings,
@@ -67,7 +67,7 @@ def fake_ipc(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(PROVIDER_ENV, PROVIDER)
 
 
-def app_client(dataplane: CudaFakeDataPlane, settings: Settings = ENABLED) -> TestClient:
+def app_client(dataplane: CudaFakeDataPlane, settings: FrontendSettings = ENABLED) -> TestClient:
     return TestClient(create_app(dataplane, settings), raise_server_exceptions=False)
 
 

@@ -26,11 +26,11 @@ from shoal.frontend.http.generate import (
 )
 from shoal.frontend.http.jsonparse import parse_json_object
 from shoal.messages import TensorRef, TensorSpec
-from shoal.settings import Settings
+from shoal.settings import settings_from_flags
 from tests.frontend.grpc.fakes import StreamingFakeDataPlane
 from tests.frontend.http.fakes import make_model
 
-SETTINGS = Settings(model_repositories=["/models"])
+SETTINGS = settings_from_flags(model_repositories=["/models"]).for_frontends()
 TEXT = make_model("text", [TensorSpec("PROMPT", "BYTES", [1]), TensorSpec("N", "INT32", [-1])])
 BATCHED = make_model("batched", [TensorSpec("X", "FP32", [-1])], max_batch_size=4)
 

@@ -18,11 +18,12 @@ from starlette.testclient import TestClient
 from shoal.errors import unavailable
 from shoal.frontend.http.app import create_app
 from shoal.messages import TensorSpec
-from shoal.settings import Settings
+from shoal.settings import settings_from_flags
 from tests.frontend.http.fakes import FakeDataPlane, make_model
 
 LIMIT = 1 << 20
-SETTINGS = Settings(model_repositories=["/models"], http_max_input_size=LIMIT)
+SETTINGS = settings_from_flags(model_repositories=["/models"],
+                               http_max_input_size=LIMIT).for_frontends()
 EVERY_TYPE = ["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
               "FP16", "FP32", "FP64", "BYTES"]
 

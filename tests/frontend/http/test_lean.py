@@ -23,11 +23,12 @@ from shoal.frontend.http.fastpath import InferFastPath
 from shoal.frontend.http.guard import HttpLimits, guarded_protocol
 from shoal.frontend.http.lean import BODY_SLOT_MIN_BYTES, ROUTE_CACHE_SIZE, LeanInfer, infer_route
 from shoal.messages import TensorSpec
-from shoal.settings import Settings
+from shoal.settings import FrontendSettings, settings_from_flags
 from tests.frontend.http.fakes import FakeDataPlane, make_model
 
 LIMIT = 8 << 20
-SETTINGS = Settings(model_repositories=["/models"], http_max_input_size=LIMIT)
+SETTINGS = settings_from_flags(model_repositories=["/models"],
+                               http_max_input_size=LIMIT).for_frontends()
 LIMITS = HttpLimits(header_timeout_s=5.0, body_timeout_s=5.0, idle_timeout_s=5.0,
                     max_body_bytes=LIMIT, max_connections=16, over_cap=1)
 
@@ -61,7 +62,7 @@ class Served:
 
 
 @contextlib.contextmanager
-def serve(limits: HttpLimits = LIMITS, settings: Settings = SETTINGS) -> Iterator[Served]:
+def serve(limits: HttpLimits = LIMITS, settings: FrontendSettings = SETTINGS) -> Iterator[Served]:
     """uvicorn with GuardedHttpProtocol (``limits``) over the real app and a FakeDataPlane, in
     a thread, for the block."""
     dataplane = FakeDataPlane(models=[make_model("identity", [TensorSpec("INPUT0", "FP32", [-1])])])

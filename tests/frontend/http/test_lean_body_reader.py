@@ -16,7 +16,7 @@ import pytest
 
 from shoal.frontend.http.guard import HttpLimits
 from shoal.frontend.http.lean import BODY_SLOT_MIN_BYTES, LeanInferCycle
-from shoal.settings import Settings
+from shoal.settings import settings_from_flags
 from tests.frontend.http.test_lean import (
     LIMIT,
     Served,
@@ -168,8 +168,9 @@ def test_a_large_body_refused_early_keeps_the_connection_framed(fed_bytes: list[
     """The restricted-API gate answers 403 before the body is read; the rest of the body is
     still taken off the connection by the reader (and dropped, never parsed), so the next
     request there is served."""
-    restricted = Settings(model_repositories=["/models"], http_max_input_size=LIMIT,
-                          http_restricted_apis=[("inference", "infer-key", "yes")])
+    restricted = settings_from_flags(
+        model_repositories=["/models"], http_max_input_size=LIMIT,
+        http_restricted_apis=[("inference", "infer-key", "yes")]).for_frontends()
     head, body = _large_request(np.ones(BODY_SLOT_MIN_BYTES, dtype=np.float32))
     with serve(settings=restricted) as served, \
             socket.create_connection(("127.0.0.1", served.port), timeout=10) as sock:
@@ -189,8 +190,9 @@ def test_a_refused_body_still_arriving_is_not_an_idle_connection() -> None:
     """After the early 403 the keep-alive idle timer runs; the dropped body's reads stop it, as
     the protocol's own reads would, so a body slower than the idle timeout keeps the
     connection."""
-    restricted = Settings(model_repositories=["/models"], http_max_input_size=LIMIT,
-                          http_restricted_apis=[("inference", "infer-key", "yes")])
+    restricted = settings_from_flags(
+        model_repositories=["/models"], http_max_input_size=LIMIT,
+        http_restricted_apis=[("inference", "infer-key", "yes")]).for_frontends()
     idle = HttpLimits(header_timeout_s=5.0, body_timeout_s=5.0, idle_timeout_s=BODY_TIMEOUT,
                       max_body_bytes=LIMIT, max_connections=16, over_cap=1)
     head, body = _large_request(np.ones(BODY_SLOT_MIN_BYTES, dtype=np.float32))

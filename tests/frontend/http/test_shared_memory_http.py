@@ -26,12 +26,12 @@ from shoal.frontend.http.app import create_app
 from shoal.frontend.http.codec import decode_infer_request
 from shoal.frontend.shm_registry import ClientSharedMemoryRegistry
 from shoal.messages import InferRequest, InferResponse, Lease, TensorRef, TensorSpec
-from shoal.settings import Settings
+from shoal.settings import FrontendSettings, settings_from_flags
 from shoal.shm.arena import Slot
 from tests.frontend.http.fakes import FakeDataPlane, make_model
 
-ENABLED = Settings(model_repositories=["/m"], allow_client_shm=True)
-DISABLED = Settings(model_repositories=["/m"])
+ENABLED = settings_from_flags(model_repositories=["/m"], allow_client_shm=True).for_frontends()
+DISABLED = settings_from_flags(model_repositories=["/m"]).for_frontends()
 MODEL = make_model("m", [TensorSpec("INPUT0", "FP32", [-1], optional=True),
                          TensorSpec("INPUT1", "BYTES", [-1], optional=True),
                          TensorSpec("INPUT2", "FP16", [-1], optional=True)])
@@ -218,7 +218,7 @@ def dataplane() -> Iterator[ShmFakeDataPlane]:
     plane.shared_memory.close()
 
 
-def app_client(dataplane: ShmFakeDataPlane, settings: Settings = ENABLED) -> TestClient:
+def app_client(dataplane: ShmFakeDataPlane, settings: FrontendSettings = ENABLED) -> TestClient:
     return TestClient(create_app(dataplane, settings), raise_server_exceptions=False)
 
 

@@ -10,13 +10,14 @@ import pytest
 
 from shoal.errors import ShoalError
 from shoal.frontend.shm_registry import ClientSharedMemoryRegistry
-from shoal.settings import Settings
+from shoal.settings import settings_from_flags
 from tests.conftest import MakeObject
 
 
 @pytest.fixture
 def registry() -> Iterator[ClientSharedMemoryRegistry]:
-    reg = ClientSharedMemoryRegistry(Settings(model_repositories=["/m"], allow_client_shm=True))
+    reg = ClientSharedMemoryRegistry(settings_from_flags(model_repositories=["/m"],
+                                                         allow_client_shm=True).for_frontends())
     yield reg
     reg.close()
 

@@ -40,7 +40,7 @@ from shoal.messages import (
     decode,
     encode,
 )
-from shoal.settings import Settings
+from shoal.settings import WorkerSettings, settings_from_flags
 from shoal.shm.arena import Arena
 from shoal.shm.regions import RegionCache
 from shoal.workers.bls.client import BlsClient
@@ -58,12 +58,12 @@ def model(name: str, decoupled: bool = False) -> ModelVersionInfo:
 class FakeBroker:
     """The broker's frontend ROUTER, driven by the test; answers come from a "callee" arena."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: WorkerSettings) -> None:
         self.socket = zmq.Context.instance().socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.LINGER, 0)
-        self.socket.bind(f"ipc://{settings.runtime_dir}/frontend.sock")
-        self.callee = Arena(settings.segment_prefix + "w9-", 64 * 1024, 256 * 1024)
-        self.inputs = RegionCache(settings.segment_prefix)
+        self.socket.bind(f"ipc://{settings.instance.runtime_dir}/frontend.sock")
+        self.callee = Arena(settings.instance.segment_prefix + "w9-", 64 * 1024, 256 * 1024)
+        self.inputs = RegionCache(settings.instance.segment_prefix)
         self.peer = b""
         self.last_region = ""
 
@@ -124,26 +124,26 @@ class FakeBroker:
 
 
 @pytest.fixture
-def settings(tmp_path: pathlib.Path) -> Settings:
-    return Settings(model_repositories=[], runtime_dir=str(tmp_path),
-                    instance_id=secrets.token_hex(6), shm_segment_bytes=64 * 1024,
-                    shm_arena_max_bytes=256 * 1024)
+def settings(tmp_path: pathlib.Path) -> WorkerSettings:
+    return settings_from_flags(model_repositories=[], runtime_dir=str(tmp_path),
+                               instance_id=secrets.token_hex(6), shm_segment_bytes=64 * 1024,
+                               shm_arena_max_bytes=256 * 1024).for_workers()
 
 
 @pytest.fixture
-def broker(settings: Settings) -> Iterator[FakeBroker]:
+def broker(settings: WorkerSettings) -> Iterator[FakeBroker]:
     fake = FakeBroker(settings)
     yield fake
     fake.close()
 
 
 @pytest.fixture
-def client(settings: Settings, broker: FakeBroker) -> Iterator[BlsClient]:
+def client(settings: WorkerSettings, broker: FakeBroker) -> Iterator[BlsClient]:
     spec = WorkerSpec(identity=IDENTITY, model_name="m", model_version=1, model_dir="",
                       version_dir="", backend="python", config_json="{}", instance_name="m_0",
                       kind="CPU", device_id=0, broker_endpoint="",
-                      arena_prefix=settings.segment_prefix + "w5-",
-                      settings=settings.for_workers())
+                      arena_prefix=settings.instance.segment_prefix + "w5-",
+                      settings=settings)
     created = BlsClient(spec, spec.settings, zmq.Context.instance())
     yield created
     created.close()
@@ -290,7 +290,7 @@ def test_model_control_waits_for_the_reply(client: BlsClient, broker: FakeBroker
 
 
 def test_close_fails_waiting_calls_and_removes_the_arena(
-        client: BlsClient, broker: FakeBroker, settings: Settings,
+        client: BlsClient, broker: FakeBroker, settings: WorkerSettings,
         pool: concurrent.futures.ThreadPoolExecutor) -> None:
     pending = pool.submit(client.call, call([1]))
     broker.handshake(model("callee"))
