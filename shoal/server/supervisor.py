@@ -28,6 +28,7 @@ import msgspec
 from shoal.process.lifecycle import STOP_SIGNAL, leave_instance, setup_logging
 from shoal.process.ports import taken_ports
 from shoal.process.supervision import StatusPipe, parse_heartbeat, sweep_runtime_dirs
+from shoal.process.torch_build import warn_if_cuda_torch_without_gpu
 from shoal.server.restarts import MAX_QUICK_DEATHS, QUICK_DEATH_S, RestartTracker
 from shoal.server.sd_notify import ServiceNotifications, SystemdNotifier
 from shoal.settings import InstanceSettings, Settings
@@ -187,6 +188,7 @@ def _exit_reason(code: int | None) -> str:
 
 def run_supervisor(settings: Settings) -> int:
     setup_logging(settings, "shoal")
+    warn_if_cuda_torch_without_gpu()  # a CUDA torch on a machine without a GPU: the fix
     notifier = SystemdNotifier.from_environment()  # and out of the children's environment
     removed = sweep_stale_segments()
     if removed:
