@@ -13,7 +13,7 @@ import time
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING
 
 from shoal.broker.ensemble import EnsemblePlan
 from shoal.broker.pool import WorkerHandle, WorkerState
@@ -52,6 +52,9 @@ from shoal.messages import (
     WorkerRequest,
 )
 from shoal.settings import BrokerSettings
+
+if TYPE_CHECKING:
+    from tritonclient.grpc.model_config_pb2 import ModelConfig
 
 _MAX_LOAD_FAILURES = 5
 
@@ -127,7 +130,7 @@ class ModelVersionRuntime:
         return self.source.name
 
     @property
-    def config(self) -> Any:
+    def config(self) -> ModelConfig:
         return self.source.config
 
     @cached_property
@@ -325,7 +328,7 @@ def build_runtime(source: ModelSource, version: int, settings: BrokerSettings, s
         execution_timeout_s=execution_timeout(config, settings))
 
 
-def check_iterative(config: Any) -> None:
+def check_iterative(config: ModelConfig) -> None:
     """What shoal serves of iterative sequences: requests that are sequences of their own,
     without control inputs or implicit state (UNSUPPORTED otherwise, naming the field)."""
     batcher = config.sequence_batching
@@ -335,7 +338,7 @@ def check_iterative(config: Any) -> None:
                               "supported with iterative_sequence")
 
 
-def execution_timeout(config: Any, settings: BrokerSettings) -> float:
+def execution_timeout(config: ModelConfig, settings: BrokerSettings) -> float:
     """The model parameter ``shoal_execution_timeout_secs`` (0 = none), else the server's
     ``--model-execution-timeout-secs``."""
     parameter = config.parameters.get("shoal_execution_timeout_secs")

@@ -21,7 +21,7 @@ import logging
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from shoal.broker.schedulers.sequence.state import StateAssignment
 from shoal.config.sequence_batching import SequenceBatcherConfig, StateSpec
@@ -29,6 +29,9 @@ from shoal.dtypes import element_count, element_size
 from shoal.errors import invalid_arg
 from shoal.messages import StateBinding, WrittenState
 from shoal.shm.arena import Arena, Slot
+
+if TYPE_CHECKING:
+    from tritonclient.grpc.model_config_pb2 import ModelConfig
 
 logger = logging.getLogger(__name__)
 
@@ -227,7 +230,7 @@ def parse_buffer_bytes(value: str, model_name: str) -> int:
     return parsed
 
 
-def store_factory(model_config: Any, model_dir: str, prefix: str, segment_bytes: int,
+def store_factory(model_config: ModelConfig, model_dir: str, prefix: str, segment_bytes: int,
                   max_bytes: int) -> Callable[[SequenceBatcherConfig], SequenceStateStore]:
     """What SequenceScheduling calls for a model with implicit state: the store, its arena's
     segments named ``f"{prefix}{n}"`` (``prefix`` unique per model version)."""

@@ -128,9 +128,9 @@ def check_ensemble(config: ModelConfig, source: str) -> None:
     for i, io in enumerate(config.input):
         if io.name not in consumed:
             raise _error(source, f"input[{i}]", f"ensemble input '{io.name}' is not used")
-    for i, io in enumerate(config.output):
-        if io.name not in available:
-            raise _error(source, f"output[{i}]", f"ensemble output '{io.name}' is not written "
+    for i, out in enumerate(config.output):
+        if out.name not in available:
+            raise _error(source, f"output[{i}]", f"ensemble output '{out.name}' is not written "
                          "(no step produces it from available tensors)")
     unused = sorted(produced - consumed - outputs)
     if unused:
@@ -196,7 +196,9 @@ def _validate_io_shape(io: Any, max_batch_size: int, field: str, source: str) ->
 
 def check_ios(config: ModelConfig, source: str) -> None:
     format_type = pb.ModelInput
-    for kind, ios in (("input", config.input), ("output", config.output)):
+    sections: tuple[tuple[str, Sequence[pb.ModelInput | pb.ModelOutput]], ...] = (
+        ("input", config.input), ("output", config.output))
+    for kind, ios in sections:
         names: set[str] = set()
         for i, io in enumerate(ios):
             field = f"{kind}[{i}]"
@@ -204,7 +206,9 @@ def check_ios(config: ModelConfig, source: str) -> None:
             if io.name in names:
                 raise _error(source, f"{field}.name", f"duplicate {kind} name '{io.name}'")
             names.add(io.name)
-            if (kind == "input" and io.format in (format_type.FORMAT_NHWC, format_type.FORMAT_NCHW)
+            # an input (kind "input"): only ModelInput has ``format``
+            if (isinstance(io, format_type)
+                    and io.format in (format_type.FORMAT_NHWC, format_type.FORMAT_NCHW)
                     and len(io.dims) != 3):
                 raise _error(source, f"{field}.format", "NHWC/NCHW require 3 dims")
             if io.is_shape_tensor and config.platform != TENSORRT_PLATFORM:

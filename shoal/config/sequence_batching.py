@@ -231,7 +231,8 @@ def _control_from_proto(
 def _wire_name(data_type: int) -> str:
     from tritonclient.grpc import model_config_pb2 as pb
 
-    name = str(pb.DataType.Name(data_type))
+    # ValueType: int at run time, the enum's NewType in the stub (typings/)
+    name = str(pb.DataType.Name(pb.DataType.ValueType(data_type)))
     return "BYTES" if name == "TYPE_STRING" else name.removeprefix("TYPE_")
 
 

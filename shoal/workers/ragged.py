@@ -52,7 +52,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import TYPE_CHECKING, Final
 
 from shoal.dtypes import config_to_wire, numpy_dtype
 from shoal.errors import invalid_arg
@@ -64,6 +64,9 @@ from shoal.workers.ragged_tensors import (
     padding_mask,
     scatter_output,
 )
+
+if TYPE_CHECKING:
+    from tritonclient.grpc.model_config_pb2 import ModelConfig
 
 PAD_PARAMETER: Final = "shoal_pad_ragged_inputs"
 PAD_MASK_TYPE_PARAMETER: Final = "shoal_pad_mask_data_type"
@@ -123,7 +126,7 @@ class RaggedConfig:
         return names
 
     @classmethod
-    def from_model_config(cls, config: Any, model_name: str) -> RaggedConfig:
+    def from_model_config(cls, config: ModelConfig, model_name: str) -> RaggedConfig:
         """Parse and check ``config`` (a ``model_config_pb2.ModelConfig``); INVALID_ARG errors
         name the field at fault."""
         from tritonclient.grpc import model_config_pb2 as pb
@@ -198,7 +201,8 @@ def _single_source(names: Sequence[str], inputs: list[str], where: str) -> str:
     return source
 
 
-def _scatter_outputs(config: Any, inputs: list[str], model_name: str) -> dict[str, ScatterSpec]:
+def _scatter_outputs(config: ModelConfig, inputs: list[str], model_name: str
+                     ) -> dict[str, ScatterSpec]:
     from tritonclient.grpc import model_config_pb2 as pb
 
     outputs = {str(io.name): io for io in config.output}
@@ -222,7 +226,7 @@ def _scatter_outputs(config: Any, inputs: list[str], model_name: str) -> dict[st
     return scatter
 
 
-def _padding(config: Any, inputs: list[str], ragged: frozenset[str], taken: set[str],
+def _padding(config: ModelConfig, inputs: list[str], ragged: frozenset[str], taken: set[str],
              model_name: str) -> PaddingSpec | None:
     parameters = {key: value.string_value for key, value in config.parameters.items()}
     value = parameters.get(PAD_PARAMETER, "").strip()

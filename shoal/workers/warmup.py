@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 import numpy.typing as npt
@@ -45,6 +45,9 @@ from shoal.workers.backends.base import (
     Rescheduled,
     ResponseSink,
 )
+
+if TYPE_CHECKING:
+    from tritonclient.grpc.model_config_pb2 import ModelConfig
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +87,7 @@ class WarmupSample:
 # ------------------------------------------------------------------ building the samples
 
 
-def build_samples(config: Any, model_dir: str,
+def build_samples(config: ModelConfig, model_dir: str,
                   rng: np.random.Generator | None = None) -> list[WarmupSample]:
     """The samples of ``config.model_warmup`` (a normalized ModelConfig), files read from
     ``<model_dir>/warmup/``. Raises ShoalError naming the sample whose inputs cannot be built."""
@@ -185,7 +188,8 @@ def file_array(path: str, file_name: str, datatype: str, shape: Sequence[int],
 
 
 def _wire_type(data_type: int) -> str:
-    return config_to_wire(pb.DataType.Name(data_type))
+    # ValueType: int at run time, the enum's NewType in the stub (typings/)
+    return config_to_wire(pb.DataType.Name(pb.DataType.ValueType(data_type)))
 
 
 def _sample_failed(sample_name: str, reason: str) -> ShoalError:

@@ -93,7 +93,8 @@ def device_workspace_bytes(config: ModelConfig,
 def _data_type_name(data_type: int) -> str:
     from tritonclient.grpc import model_config_pb2 as pb
 
-    return str(pb.DataType.Name(data_type))
+    # ValueType: int at run time, the enum's NewType in the stub (typings/)
+    return str(pb.DataType.Name(pb.DataType.ValueType(data_type)))
 
 
 class WorkspacePool:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as pb
 from tritonclient.grpc.model_config_pb2 import ModelConfig
@@ -120,7 +119,7 @@ class _Inferred:
     """What one model says about an ensemble tensor (Triton's TensorNode)."""
 
     model: str
-    data_type: int  # config enum
+    data_type: pb.DataType.ValueType  # config enum
     dims: tuple[int, ...]
     batching: bool
 
@@ -187,7 +186,7 @@ def _check_dependencies(config: ModelConfig, composing: Mapping[str, ModelConfig
                               f"version {step.model_version} is not loaded.")
 
 
-def _check_composing_model(config: ModelConfig, index: int, step: Any,
+def _check_composing_model(config: ModelConfig, index: int, step: pb.ModelEnsembling.Step,
                            model: ModelConfig) -> None:
     name = config.name
     if model.model_transaction_policy.decoupled:
@@ -202,11 +201,12 @@ def _check_composing_model(config: ModelConfig, index: int, step: Any,
 
 def _ensemble_io(config: ModelConfig) -> dict[str, _Inferred]:
     batching = config.max_batch_size > 0
+    ios: list[pb.ModelInput | pb.ModelOutput] = [*config.input, *config.output]
     return {io.name: _Inferred(config.name, io.data_type, _config_dims(io), batching)
-            for io in [*config.input, *config.output]}
+            for io in ios}
 
 
-def _map_step(ensemble: str, index: int, step: Any, model: ModelConfig,
+def _map_step(ensemble: str, index: int, step: pb.ModelEnsembling.Step, model: ModelConfig,
               inferred: dict[str, _Inferred]) -> EnsembleStep:
     """Triton's ValidateTensorMapping for one step; records what the step says about each
     tensor in ``inferred``."""
@@ -214,9 +214,9 @@ def _map_step(ensemble: str, index: int, step: Any, model: ModelConfig,
     batching = model.max_batch_size > 0
     prefix = f"in ensemble '{ensemble}', "
     inputs_by_name = {io.name: io for io in model.input}
-    for model_input, tensor in sorted(step.input_map.items()):
+    for model_input, mapped in sorted(step.input_map.items()):
         if model_input not in inputs_by_name:
-            raise invalid_arg(f"{prefix}ensemble tensor '{tensor}' is mapping to non-existing "
+            raise invalid_arg(f"{prefix}ensemble tensor '{mapped}' is mapping to non-existing "
                               f"input '{model_input}' in model '{model_name}'")
     inputs: dict[str, StepInput] = {}
     for io in model.input:
@@ -232,11 +232,11 @@ def _map_step(ensemble: str, index: int, step: Any, model: ModelConfig,
                                     bool(io.optional))
     outputs_by_name = {io.name: io for io in model.output}
     for model_output, tensor in sorted(step.output_map.items()):
-        io = outputs_by_name.get(model_output)
-        if io is None:
+        out = outputs_by_name.get(model_output)
+        if out is None:
             raise invalid_arg(f"{prefix}ensemble tensor '{tensor}' is mapped from non-existing "
                               f"output '{model_output}' in model '{model_name}'")
-        _infer(inferred, tensor, _Inferred(model_name, io.data_type, tuple(io.dims), batching),
+        _infer(inferred, tensor, _Inferred(model_name, out.data_type, tuple(out.dims), batching),
                prefix)
     return EnsembleStep(
         index=index, model_name=model_name, model_version=int(step.model_version),
@@ -266,10 +266,10 @@ def _check_consistent(known: _Inferred, new: _Inferred, prefix: str) -> None:
             f"'{new.model}'")
 
 
-def _config_dims(io: Any) -> tuple[int, ...]:
+def _config_dims(io: pb.ModelInput | pb.ModelOutput) -> tuple[int, ...]:
     dims: Iterable[int] = io.reshape.shape if io.HasField("reshape") else io.dims
     return tuple(int(d) for d in dims)
 
 
-def _wire(data_type: int) -> str:
+def _wire(data_type: pb.DataType.ValueType) -> str:
     return config_to_wire(pb.DataType.Name(data_type))

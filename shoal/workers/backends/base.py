@@ -33,6 +33,8 @@ import numpy.typing as npt
 from shoal.messages import Error, LlmStats, Params
 
 if TYPE_CHECKING:
+    from tritonclient.grpc.model_config_pb2 import ModelConfig
+
     from shoal.workers.bls.client import BlsClient
 
 ResponseSink = Callable[[int, "BackendResponse | Error | None", bool], None]
@@ -56,7 +58,7 @@ class InstanceContext:
     model_version: int
     model_dir: str
     version_dir: str
-    config: Any  # model_config_pb2.ModelConfig (protobuf has no useful static type)
+    config: ModelConfig  # typed by the generated stub in typings/
     config_json: str
     instance_name: str
     kind: str

@@ -20,11 +20,14 @@ controls are exactly the ones the batcher fills.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Final, Literal
 
 from shoal.config.sequence_batching import SequenceBatcherConfig
 from shoal.errors import invalid_arg
 from shoal.workers.backends.torchscript_io import IoSpec
+
+if TYPE_CHECKING:
+    from tritonclient.grpc.model_config_pb2 import ModelConfig
 
 # the dims of every control tensor without the batch dim
 CONTROL_DIMS: Final = (1,)
@@ -33,7 +36,7 @@ CONTROL_DIMS: Final = (1,)
 Wording = Literal["onnxruntime", "tensorflow"]
 
 
-def control_inputs(config: Any) -> list[IoSpec]:
+def control_inputs(config: ModelConfig) -> list[IoSpec]:
     """The declared control inputs of ``config`` (a ModelConfig) in START, END, READY, CORRID
     order, with their wire data types and dims ``[1]``; none without sequence batching."""
     if not config.HasField("sequence_batching"):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -39,6 +39,9 @@ from shoal.workers.backends.fil.params import (
 )
 from shoal.workers.backends.torchscript_io import io_spec
 from shoal.workers.batch_assembly import concat_rows, split_rows
+
+if TYPE_CHECKING:
+    from tritonclient.grpc.model_config_pb2 import ModelConfig
 
 logger = logging.getLogger(__name__)
 
@@ -123,7 +126,7 @@ class FilBackend:
                 for part in split_rows(output, sizes)]
 
 
-def _check_config(model: str, config: Any, params: FilParams, forest: Forest) -> int:
+def _check_config(model: str, config: ModelConfig, params: FilParams, forest: Forest) -> int:
     """The config's input and output against the model (Triton FIL's names and FP32 only);
     the width of ``output__0``. Raises INVALID_ARG naming the tensor."""
     inputs = [io_spec(io) for io in config.input]

@@ -16,11 +16,14 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import TYPE_CHECKING, Final
 
 from tritonclient.grpc.model_config_pb2 import ModelInstanceGroup
 
 from shoal.errors import invalid_arg
+
+if TYPE_CHECKING:
+    from tritonclient.grpc.model_config_pb2 import ModelConfig
 
 # model_type -> the file Triton's FIL backend reads when default_model_filename is unset
 DEFAULT_FILENAMES: Final = {
@@ -53,7 +56,7 @@ class FilParams:
         return DEFAULT_FILENAMES[self.model_type]
 
 
-def config_parameters(config: Any) -> dict[str, str]:
+def config_parameters(config: ModelConfig) -> dict[str, str]:
     """The config's ``parameters`` as plain strings."""
     return {key: value.string_value for key, value in config.parameters.items()}
 
@@ -82,7 +85,7 @@ def parse_params(model: str, params: Mapping[str, str]) -> FilParams:
                      int(threads))
 
 
-def default_threads(config: Any) -> int:
+def default_threads(config: ModelConfig) -> int:
     """The usable CPUs less one, divided among the model's CPU instances, at least 1."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     instances = sum(max(int(group.count), 1) for group in config.instance_group

@@ -255,5 +255,6 @@ def _model_dims(spec: IoSpec) -> tuple[int, ...]:
 def _type_name(data_type: int) -> str:
     from tritonclient.grpc import model_config_pb2
 
-    return str(model_config_pb2.DataType.Name(data_type))
+    # ValueType: int at run time, the enum's NewType in the stub (typings/)
+    return str(model_config_pb2.DataType.Name(model_config_pb2.DataType.ValueType(data_type)))
 

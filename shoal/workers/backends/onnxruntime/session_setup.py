@@ -31,11 +31,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from tritonclient.grpc.model_config_pb2 import ModelInstanceGroup
 
 from shoal.errors import ErrorCode, ShoalError, invalid_arg
+
+if TYPE_CHECKING:
+    from tritonclient.grpc.model_config_pb2 import ModelConfig
 
 ProviderEntry = tuple[str, dict[str, str]]
 
@@ -56,11 +59,11 @@ _TRT_RENAMED: Final = {
 _GRAPH_LEVELS: Final = {-1: "ORT_ENABLE_BASIC", 1: "ORT_ENABLE_EXTENDED", 2: "ORT_DISABLE_ALL"}
 
 
-def config_parameters(config: Any) -> dict[str, str]:
+def config_parameters(config: ModelConfig) -> dict[str, str]:
     return {key: value.string_value for key, value in config.parameters.items()}
 
 
-def session_options(ort: Any, config: Any, backend_settings: Mapping[str, str],
+def session_options(ort: Any, config: ModelConfig, backend_settings: Mapping[str, str],
                     default_intra: int = 0) -> Any:
     """``ort.SessionOptions`` for one instance of the model (see the module docstring);
     ``default_intra`` is the thread policy's count (0: none)."""
@@ -91,7 +94,7 @@ def session_options(ort: Any, config: Any, backend_settings: Mapping[str, str],
     return options
 
 
-def run_options(ort: Any, config: Any) -> Any:
+def run_options(ort: Any, config: ModelConfig) -> Any:
     """``ort.RunOptions`` for every run (``memory.enable_memory_arena_shrinkage``)."""
     options = ort.RunOptions()
     shrinkage = config_parameters(config).get("memory.enable_memory_arena_shrinkage")
@@ -100,7 +103,7 @@ def run_options(ort: Any, config: Any) -> Any:
     return options
 
 
-def default_intra_threads(config: Any) -> int:
+def default_intra_threads(config: ModelConfig) -> int:
     """The usable CPUs divided among the model's CPU instances, at least 1."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     instances = sum(max(int(group.count), 1) for group in config.instance_group
@@ -108,7 +111,7 @@ def default_intra_threads(config: Any) -> int:
     return max(1, (cpus or 1) // max(instances, 1))
 
 
-def execution_providers(ort: Any, config: Any, kind: str, device: str,
+def execution_providers(ort: Any, config: ModelConfig, kind: str, device: str,
                         device_id: int) -> list[ProviderEntry]:
     """The providers for an instance, in priority order, each checked against the installed
     onnxruntime (see the module docstring)."""

@@ -19,10 +19,13 @@ no ``COMPILATION_NUM_THREADS`` on the CPU) is logged and ignored at load.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shoal.errors import invalid_arg
 from shoal.workers.backends.openvino.threads import default_inference_threads
+
+if TYPE_CHECKING:
+    from tritonclient.grpc.model_config_pb2 import ModelConfig
 
 _PERFORMANCE_HINTS = ("latency", "throughput", "cumulative_throughput")
 
@@ -39,11 +42,11 @@ class OpenvinoOptions:
     reshape_io_layers: bool = False
 
 
-def config_parameters(config: Any) -> dict[str, str]:
+def config_parameters(config: ModelConfig) -> dict[str, str]:
     return {key: value.string_value for key, value in config.parameters.items()}
 
 
-def openvino_options(config: Any, policy_threads: int = 0) -> OpenvinoOptions:
+def openvino_options(config: ModelConfig, policy_threads: int = 0) -> OpenvinoOptions:
     """The options of model ``config`` (see the module docstring); ``policy_threads`` is the
     server's thread policy for the instance (0: none). Raises INVALID_ARG."""
     params = config_parameters(config)

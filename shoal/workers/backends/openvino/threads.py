@@ -11,12 +11,15 @@ the one place the default is chosen.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from shoal.workers.backends.onnxruntime.session_setup import default_intra_threads
 
+if TYPE_CHECKING:
+    from tritonclient.grpc.model_config_pb2 import ModelConfig
 
-def default_inference_threads(config: Any, policy_threads: int = 0) -> int:
+
+def default_inference_threads(config: ModelConfig, policy_threads: int = 0) -> int:
     """Threads for one instance of the model ``config`` (a ``ModelConfig``), at least 1;
     ``policy_threads`` is the server policy's count (0: none)."""
     return policy_threads if policy_threads > 0 else default_intra_threads(config)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shoal.dtypes import config_to_wire
 from shoal.errors import ErrorCode
@@ -27,6 +27,9 @@ from shoal.workers.backends.python.pb_request import InferenceResponse
 from shoal.workers.backends.python.pb_tensor import TRITON_TO_WIRE, Tensor, host_array
 from shoal.workers.backends.reshape import reshapes, to_client
 from shoal.workers.backends.torchscript_io import IoSpec
+
+if TYPE_CHECKING:
+    from tritonclient.grpc.model_config_pb2 import ModelConfig
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +45,7 @@ class ResponseConverter:
         self._warned_dtype: set[str] = set()
 
     @classmethod
-    def for_config(cls, config: Any, instance_name: str) -> ResponseConverter:
+    def for_config(cls, config: ModelConfig, instance_name: str) -> ResponseConverter:
         """For a ``model_config_pb2.ModelConfig``'s outputs."""
         datatypes = {o.name: config_to_wire(_type_name(o.data_type))
                      for o in config.output if o.data_type != 0}
@@ -93,7 +96,8 @@ class ResponseConverter:
 def _type_name(data_type: int) -> str:
     from tritonclient.grpc import model_config_pb2
 
-    return str(model_config_pb2.DataType.Name(data_type))
+    # ValueType: int at run time, the enum's NewType in the stub (typings/)
+    return str(model_config_pb2.DataType.Name(model_config_pb2.DataType.ValueType(data_type)))
 
 
 def _json_params(text: str) -> dict[str, Any]:

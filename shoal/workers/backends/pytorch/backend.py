@@ -42,7 +42,7 @@ from __future__ import annotations
 import logging
 import os
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -80,6 +80,9 @@ from shoal.workers.device_regions import is_torch_tensor
 from shoal.workers.ragged import RaggedConfig
 from shoal.workers.ragged_tensors import pad_ragged, padded_shape
 from shoal.workers.workspace import WorkspacePool, pytorch_workspace_bytes
+
+if TYPE_CHECKING:
+    from tritonclient.grpc.model_config_pb2 import ModelConfig
 
 logger = logging.getLogger(__name__)
 
@@ -365,7 +368,7 @@ def _model_filename(version_dir: str, configured: str) -> str:
     return filename
 
 
-def _check_supported(config: Any, model_name: str) -> None:
+def _check_supported(config: ModelConfig, model_name: str) -> None:
     if not config.input:
         raise invalid_arg(f"model '{model_name}': model configuration must contain at least one "
                           "input, none were specified.")

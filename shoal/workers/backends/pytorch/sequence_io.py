@@ -20,11 +20,14 @@ accumulator ``forward(self, INPUT__0, SUM_IN__1) -> (OUTPUT__0, SUM_OUT__1)`` de
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from shoal.config.sequence_batching import SequenceBatcherConfig
 from shoal.workers.backends.sequence_controls import batcher_controls
 from shoal.workers.backends.torchscript_io import IoSpec
+
+if TYPE_CHECKING:
+    from tritonclient.grpc.model_config_pb2 import ModelConfig
 
 
 @dataclass(frozen=True)
@@ -33,7 +36,7 @@ class SequenceTensors:
     state_outputs: list[IoSpec]  # state outputs that are not config outputs
 
 
-def sequence_tensors(config: Any) -> SequenceTensors:
+def sequence_tensors(config: ModelConfig) -> SequenceTensors:
     """The extra tensors of ``config`` (a ModelConfig); none without sequence batching."""
     if not config.HasField("sequence_batching"):
         return SequenceTensors([], [])

@@ -23,6 +23,7 @@ no TensorFlow import, no interpreter to start, no variables read.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any, Final
 
 from tritonclient.grpc.model_config_pb2 import DataType, ModelConfig, ModelInput, ModelOutput
@@ -69,7 +70,8 @@ def _fix_batching(config: ModelConfig, signature: Signature, default_max_batch_s
 def _config_hint(config: ModelConfig, signature: Signature, batching: bool) -> bool:
     """Whether the config's own tensors say the model batches (``batching`` when none says)."""
     hinted: bool | None = None
-    pairs = [(config.input, signature.inputs), (config.output, signature.outputs)]
+    pairs: list[tuple[Sequence[ModelInput | ModelOutput], list[SignatureTensor]]] = [
+        (config.input, signature.inputs), (config.output, signature.outputs)]
     for ios, tensors in pairs:
         by_name = {t.name: t for t in tensors}
         for io in ios:

@@ -15,7 +15,7 @@ naming the tensor instead of failing every request:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shoal.dtypes import config_to_wire
 from shoal.errors import invalid_arg
@@ -23,8 +23,11 @@ from shoal.workers.backends.sequence_controls import ModelInput, check_control
 from shoal.workers.backends.tensorflow.signature import Signature, SignatureTensor
 from shoal.workers.backends.torchscript_io import IoSpec
 
+if TYPE_CHECKING:
+    from tritonclient.grpc.model_config_pb2 import ModelConfig
 
-def check_config(model: str, config: Any, signature: Signature,
+
+def check_config(model: str, config: ModelConfig, signature: Signature,
                  controls: Sequence[IoSpec]) -> None:
     """INVALID_ARG naming the first mismatch between ``config`` (a ModelConfig, whose sequence
     control inputs are ``controls``: ``sequence_controls.control_inputs``) and ``signature``."""
@@ -42,8 +45,8 @@ def check_config(model: str, config: Any, signature: Signature,
     if expected != len(signature.inputs):
         raise invalid_arg(f"unable to load model '{model}', configuration expects "
                           f"{expected} inputs, model provides {len(signature.inputs)}")
-    for io in config.output:
-        _check_io(model, io, outputs, "output", batching, exact=True)
+    for out in config.output:
+        _check_io(model, out, outputs, "output", batching, exact=True)
 
 
 def _check_io(model: str, io: Any, tensors: dict[str, SignatureTensor], kind: str,
@@ -82,7 +85,8 @@ def _compare_dims(model: str, name: str, model_shape: list[int], dims: list[int]
 def _type_name(data_type: int) -> str:
     from tritonclient.grpc import model_config_pb2
 
-    return str(model_config_pb2.DataType.Name(data_type))
+    # ValueType: int at run time, the enum's NewType in the stub (typings/)
+    return str(model_config_pb2.DataType.Name(model_config_pb2.DataType.ValueType(data_type)))
 
 
 def _config_type(wire: str) -> str:

@@ -14,7 +14,7 @@ The graph runs in TensorFlow 2 as a function pruned to the config's tensors
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shoal.dtypes import config_to_wire
 from shoal.errors import invalid_arg
@@ -22,10 +22,13 @@ from shoal.workers.backends.sequence_controls import ModelInput, check_control
 from shoal.workers.backends.tensorflow.signature import WIRE_OF_TF_TYPE
 from shoal.workers.backends.torchscript_io import IoSpec
 
+if TYPE_CHECKING:
+    from tritonclient.grpc.model_config_pb2 import ModelConfig
+
 Run = Callable[[dict[str, Any]], dict[str, Any]]
 
 
-def load_graphdef(tf: Any, path: str, shown: str, model: str, config: Any,
+def load_graphdef(tf: Any, path: str, shown: str, model: str, config: ModelConfig,
                   controls: list[IoSpec]) -> Run:
     """A function from {input name: tensor} to {output name: tensor} for the GraphDef file
     ``path`` (``shown`` names it in errors; ``controls``: the config's sequence control inputs,
@@ -63,7 +66,7 @@ def load_graphdef(tf: Any, path: str, shown: str, model: str, config: Any,
     return run
 
 
-def _check(model: str, config: Any, controls: list[IoSpec], placeholders: dict[str, int],
+def _check(model: str, config: ModelConfig, controls: list[IoSpec], placeholders: dict[str, int],
            others: set[str]) -> None:
     expected = len(config.input) + len(controls)
     if expected > len(placeholders):
@@ -87,10 +90,10 @@ def _check(model: str, config: Any, controls: list[IoSpec], placeholders: dict[s
             raise invalid_arg(f"unable to load model '{model}', configuration expects datatype "
                               f"{type_name} for input '{io.name}', model provides "
                               f"{_config_type(provided)}")
-    for io in config.output:
-        if io.name not in others:
+    for out in config.output:
+        if out.name not in others:
             raise invalid_arg(f"unable to load model '{model}': unexpected inference output "
-                              f"'{io.name}': the GraphDef has no such node (or it is a "
+                              f"'{out.name}': the GraphDef has no such node (or it is a "
                               "Placeholder)")
 
 

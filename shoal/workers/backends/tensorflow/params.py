@@ -19,11 +19,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from shoal.errors import invalid_arg
 from shoal.workers.backends.onnxruntime.session_setup import default_intra_threads
 from shoal.workers.backends.tensorflow.signature import DEFAULT_SIGNATURE, SERVE_TAG
+
+if TYPE_CHECKING:
+    from tritonclient.grpc.model_config_pb2 import ModelConfig
 
 
 @dataclass(frozen=True)
@@ -34,7 +37,7 @@ class TfParameters:
     inter_op_threads: int  # 0: not named
 
 
-def tf_parameters(config: Any) -> TfParameters:
+def tf_parameters(config: ModelConfig) -> TfParameters:
     """The parameters of ``config`` (a ModelConfig); INVALID_ARG as Triton words it for a bad
     thread count."""
     params = {key: value.string_value for key, value in config.parameters.items()}
@@ -45,7 +48,7 @@ def tf_parameters(config: Any) -> TfParameters:
         inter_op_threads=_count(params, "TF_NUM_INTER_THREADS", config.name))
 
 
-def thread_counts(params: TfParameters, config: Any, backend_settings: Mapping[str, str],
+def thread_counts(params: TfParameters, config: ModelConfig, backend_settings: Mapping[str, str],
                   policy_threads: int) -> tuple[int, int]:
     """(intra-op, inter-op) threads for one instance (see the module docstring);
     ``policy_threads`` is the server's thread policy count, 0 when none."""
