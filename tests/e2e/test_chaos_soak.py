@@ -23,8 +23,9 @@ def test_chaos_for_20_seconds() -> None:
     assert not tally.violations, text
     assert set(tally.answers) == {1}, text  # exactly one answer per request
     assert sum(tally.answers.values()) > 400, text
+    # the gaps are random (1.5 to 4.5 s) and a reload holds the chaos loop while it loads
     assert report.actions["reload"] >= 2 and report.actions["SIGKILL"] + \
-        report.actions["SIGSTOP"] >= 6, text
+        report.actions["SIGSTOP"] >= 4, text
     assert report.exit_code == 0 and not report.orphans, text
     assert report.shm_end <= report.shm_start + 16 * 2**20, text  # one segment of slack
     for role in ("broker", "frontend", "supervisor"):
