@@ -36,15 +36,19 @@ def test_concurrent_clients_get_batched(server: ShoalServer) -> None:
     """32 concurrent clients: the broker forms executions of more than one request (observed in
     the statistics extension's batch_stats), and every client gets its own answer back."""
     client = httpclient.InferenceServerClient(server.url, concurrency=32)
+    before = client.get_inference_statistics("batch_probe")["model_stats"][0]
+    sizes_before = {b["batch_size"]: b["compute_infer"]["count"] for b in before["batch_stats"]}
     delays = [0.01 + i * 1e-4 for i in range(64)]
     pending = [client.async_infer("batch_probe", _sleepy_inputs(d)) for d in delays]
     answers = [p.get_result().as_numpy("DELAY_OUT")[0, 0] for p in pending]
     np.testing.assert_allclose(answers, delays, rtol=1e-6)
     stats = client.get_inference_statistics("batch_probe")["model_stats"][0]
-    sizes = [b["batch_size"] for b in stats["batch_stats"]]
+    # deltas: the server is shared with other modules, which may have used the model too
+    sizes = [b["batch_size"] for b in stats["batch_stats"]
+             if b["compute_infer"]["count"] > sizes_before.get(b["batch_size"], 0)]
     assert max(sizes) > 1, f"no execution had more than one row: {sizes}"
-    assert stats["inference_count"] == 64
-    assert stats["execution_count"] < 64
+    assert stats["inference_count"] - before["inference_count"] == 64
+    assert stats["execution_count"] - before["execution_count"] < 64
 
 
 def test_multi_row_requests_batch_together(server: ShoalServer) -> None:
