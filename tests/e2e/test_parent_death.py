@@ -159,6 +159,17 @@ class HttpCall(threading.Thread):
         self.ended_at = time.monotonic()
 
 
+def _http_connections(server: ShoalServer) -> int:
+    """Established connections the frontends hold on the server's HTTP port."""
+    count = 0
+    for pid in server.frontend_pids():
+        with contextlib.suppress(psutil.NoSuchProcess):
+            count += sum(1 for c in psutil.Process(pid).net_connections(kind="tcp")
+                         if c.laddr and c.laddr.port == server.http_port
+                         and c.status == psutil.CONN_ESTABLISHED)
+    return count
+
+
 def _instance_of(children: list[psutil.Process]) -> str:
     ids = {m.group(1) for child in children
            if (m := re.search(r'"instance_id":"([0-9a-f]{12})"', " ".join(child.cmdline())))}
@@ -196,6 +207,10 @@ def test_supervisor_killed_streams_and_requests_finish_then_all_exits_clean(
         stream.collect(stream.started, 30)
         assert stream.started() and not stream.errors, stream.errors
         assert _wait_for(lambda: bool(http_stream.events), 30), http_stream.failure
+        # the unary request's connection is the frontend's (a request still connecting when the
+        # supervisor dies is refused: the frontends close their ports at once, by design)
+        assert _wait_for(lambda: _http_connections(server) >= 2, 30)
+        time.sleep(0.3)  # and its request read
 
         os.kill(server.process.pid, signal.SIGKILL)
         server.process.wait(timeout=10)
