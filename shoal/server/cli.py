@@ -4,6 +4,7 @@ the same; they are parsed once into ``Settings`` and never read again."""
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import os
 import sys
 
@@ -85,11 +86,23 @@ def _bool_flag(parser: argparse.ArgumentParser, name: str, default: bool, help_t
                         metavar="BOOL", help=f"{help_text} (default {str(default).lower()})")
 
 
+def _version() -> str:
+    """The installed distribution's version (pyproject's), or "unknown" outside an install."""
+    try:
+        return importlib.metadata.version("shoal")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
+    # allow_abbrev=False: a flag is taken only as spelled in full (tritonserver takes no
+    # abbreviations either), so `--model-repo` is an error, not a silent prefix match
     parser = argparse.ArgumentParser(prog="shoal", description="Triton-compatible inference "
-                                     "server: ZeroMQ broker, shared-memory workers.")
+                                     "server: ZeroMQ broker, shared-memory workers.",
+                                     allow_abbrev=False)
+    parser.add_argument("--version", action="version", version=f"shoal {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="serve a model repository")
+    serve = sub.add_parser("serve", help="serve a model repository", allow_abbrev=False)
     serve.add_argument("--model-repository", "--model-store", dest="model_repository",
                        action="append", required=True, metavar="PATH",
                        help="model repository directory (repeatable)")
@@ -225,7 +238,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--response-cache-byte-size", type=int, default=None, metavar="N",
                        help="deprecated form of --cache-config local,size=N")
     add_triton_flags(serve, _bool_flag)
-    top = sub.add_parser("top", help="live view of a running server (its ops dashboard)")
+    top = sub.add_parser("top", help="live view of a running server (its ops dashboard)",
+                         allow_abbrev=False)
     add_top_arguments(top)
     return parser
 

@@ -138,3 +138,21 @@ def test_rate_limit_flags_parse() -> None:
 def test_bad_rate_limit_flags_are_refused(flag: str) -> None:
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--model-repository=/a", flag])
+
+
+def test_version_names_the_installed_distribution(capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib.metadata
+
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out.strip() == f"shoal {importlib.metadata.version('shoal')}"
+
+
+@pytest.mark.parametrize("abbreviated", [["serve", "--model-repo", "/m"],
+                                         ["serve", "--model-repository", "/m", "--http-po", "1"]])
+def test_abbreviated_flags_are_refused(abbreviated: list[str]) -> None:
+    """A flag counts only as spelled in full, as tritonserver's: a prefix is an error."""
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(abbreviated)
+    assert exited.value.code == 2
