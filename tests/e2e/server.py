@@ -217,3 +217,18 @@ class ShoalServer:
             with contextlib.suppress(psutil.NoSuchProcess):
                 p.kill()
         psutil.wait_procs(procs, timeout=10)
+
+
+def instance_of(children: list[psutil.Process]) -> str:
+    """The one server instance id the processes ``children`` belong to."""
+    from tests.conftest import instance_of_process
+
+    ids = {found for child in children
+           if (found := instance_of_process(" ".join(child.cmdline()))) is not None}
+    (instance_id,) = ids
+    return instance_id
+
+
+def instance_files(instance_id: str) -> list[str]:
+    """What is left in /dev/shm of server instance ``instance_id`` (segments, its lock)."""
+    return sorted(n for n in os.listdir("/dev/shm") if n.startswith(f"shoal-{instance_id}"))

@@ -15,7 +15,6 @@ import json
 import os
 import pathlib
 import queue
-import re
 import signal
 import tempfile
 import threading
@@ -30,7 +29,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from tests.e2e.models import sleepy_model
-from tests.e2e.server import ShoalServer
+from tests.e2e.server import ShoalServer, instance_files, instance_of
 
 # Decoupled: for N, sends N responses OUT = 0..N-1, DELAY seconds apart, from a thread of its
 # own (execute returns at once, as Triton's decoupled examples do), then the final flag.
@@ -170,17 +169,6 @@ def _http_connections(server: ShoalServer) -> int:
     return count
 
 
-def _instance_of(children: list[psutil.Process]) -> str:
-    ids = {m.group(1) for child in children
-           if (m := re.search(r'"instance_id":"([0-9a-f]{12})"', " ".join(child.cmdline())))}
-    (instance_id,) = ids
-    return instance_id
-
-
-def _instance_files(instance_id: str) -> list[str]:
-    return sorted(n for n in os.listdir("/dev/shm") if n.startswith(f"shoal-{instance_id}"))
-
-
 def _role(children: list[psutil.Process], module: str) -> list[psutil.Process]:
     return [c for c in children if f"-m {module} " in " ".join(c.cmdline())]
 
@@ -196,7 +184,7 @@ def test_supervisor_killed_streams_and_requests_finish_then_all_exits_clean(
     fresh_server_factory.append(server)
     assert server.process is not None
     children = server.children()  # broker, frontend, workers
-    instance_id = _instance_of(children)
+    instance_id = instance_of(children)
     stream = GrpcStream(server, count=2, n=20, delay=0.1)
     http_stream = HttpCall(f"{server.base}/v2/models/trickle/generate_stream",
                            {"N": 20, "DELAY": 0.1})
@@ -229,8 +217,8 @@ def test_supervisor_killed_streams_and_requests_finish_then_all_exits_clean(
         # then every child exits and the last one out leaves nothing behind
         assert _wait_for(lambda: not any(p.is_running() for p in children), 30), \
             [" ".join(p.cmdline())[:80] for p in children if p.is_running()]
-        assert _wait_for(lambda: not _instance_files(instance_id), 5), \
-            _instance_files(instance_id)
+        assert _wait_for(lambda: not instance_files(instance_id), 5), \
+            instance_files(instance_id)
         assert not os.path.exists(os.path.join(tempfile.gettempdir(), f"shoal-{instance_id}"))
     finally:
         stream.close()
@@ -246,7 +234,7 @@ def test_broker_killed_every_open_stream_and_request_ends_at_once_naming_the_bro
     fresh_server_factory.append(server)
     assert server.process is not None
     children = server.children()
-    instance_id = _instance_of(children)
+    instance_id = instance_of(children)
     (broker,) = _role(children, "shoal.broker")
     stream = GrpcStream(server, count=2, n=400, delay=0.1)  # 40 s each, were it left alone
     http_stream = HttpCall(f"{server.base}/v2/models/trickle/generate_stream",
@@ -300,8 +288,8 @@ def test_broker_killed_every_open_stream_and_request_ends_at_once_naming_the_bro
         assert server.process.wait(timeout=30) == 1
         assert "the broker process exited unexpectedly" in server.log()
         assert _wait_for(lambda: not any(p.is_running() for p in children), 30)
-        assert _wait_for(lambda: not _instance_files(instance_id), 5), \
-            _instance_files(instance_id)
+        assert _wait_for(lambda: not instance_files(instance_id), 5), \
+            instance_files(instance_id)
     finally:
         stream.close()
         for child in children:

@@ -26,7 +26,7 @@ import tritonclient.http as httpclient
 
 from shoal.shm.sweep import instance_alive
 from tests.e2e.models import copy_example
-from tests.e2e.server import ShoalServer, free_port
+from tests.e2e.server import ShoalServer, free_port, instance_files, instance_of
 
 # "gated" answers Y = X once the gate file exists: the old server's requests stay in flight for
 # as long as the test needs, however slowly the new server starts on a loaded machine
@@ -102,17 +102,6 @@ def _gated_grpc(url: str, x: int, outcome: dict[str, object]) -> None:
         client.close()
 
 
-def _instance_of(children: list[psutil.Process]) -> str:
-    ids = {m.group(1) for child in children
-           if (m := re.search(r'"instance_id":"([0-9a-f]{12})"', " ".join(child.cmdline())))}
-    (instance_id,) = ids
-    return instance_id
-
-
-def _instance_files(instance_id: str) -> list[str]:
-    return sorted(n for n in os.listdir("/dev/shm") if n.startswith(f"shoal-{instance_id}"))
-
-
 def test_new_server_starts_at_once_on_the_ports_of_a_killed_one_while_its_children_drain(
     small_repo: pathlib.Path, fresh_server_factory: list[ShoalServer]
 ) -> None:
@@ -122,7 +111,7 @@ def test_new_server_starts_at_once_on_the_ports_of_a_killed_one_while_its_childr
     assert old.process is not None
     assert httpx.post(f"{old.base}/v2/models/add_sub/infer", json=_add_sub_body()).is_success
     old_children = old.children()  # broker, frontend, workers
-    old_id = _instance_of(old_children)
+    old_id = instance_of(old_children)
     (old_frontend,) = old.frontend_pids()
     running_http: dict[str, object] = {}
     running_grpc: dict[str, object] = {}
@@ -153,7 +142,7 @@ def test_new_server_starts_at_once_on_the_ports_of_a_killed_one_while_its_childr
         # afterwards nothing of the old server is left
         assert _wait_for(lambda: not any(p.is_running() for p in old_children), 60), \
             [p.pid for p in old_children if p.is_running()]
-        assert _wait_for(lambda: not _instance_files(old_id), 5), _instance_files(old_id)
+        assert _wait_for(lambda: not instance_files(old_id), 5), instance_files(old_id)
         assert not os.path.exists(os.path.join(tempfile.gettempdir(), f"shoal-{old_id}"))
     finally:
         gate.touch()
@@ -168,7 +157,7 @@ def _check_while_the_old_children_drain(new: ShoalServer, old_id: str, old_front
     # their instance counts as live, nothing of it was swept
     assert psutil.pid_exists(old_frontend)
     assert instance_alive(old_id)
-    old_files = _instance_files(old_id)
+    old_files = instance_files(old_id)
     assert f"shoal-{old_id}.lock" in old_files
     assert any(f"-fe{old_frontend}-" in name for name in old_files), old_files
     # every new connection reaches the new server (the old one listens no more)
